@@ -1,0 +1,32 @@
+.PHONY: install run test test-fast check lint format bench clean
+
+VENV := .venv
+BIN := $(VENV)/bin
+
+install:
+	bash scripts/install.sh
+
+$(VENV)/.installed: pyproject.toml scripts/install.sh
+	bash scripts/install.sh
+
+# Set-up on first use, then serve on 127.0.0.1:8000 with the embedded defaults.
+run: $(VENV)/.installed
+	$(BIN)/rag-stream serve
+
+test:
+	$(BIN)/pytest -q
+
+test-fast:
+	$(BIN)/pytest -q tests/unit
+
+check:
+	$(BIN)/ruff check rag_stream tests scripts migrations
+	$(BIN)/ruff format --check rag_stream tests scripts migrations
+	$(BIN)/mypy rag_stream
+
+format:
+	$(BIN)/ruff check --fix rag_stream tests scripts migrations
+	$(BIN)/ruff format rag_stream tests scripts migrations
+
+clean:
+	rm -rf .data .pytest_cache .mypy_cache .ruff_cache

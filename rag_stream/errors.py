@@ -1,0 +1,90 @@
+"""The one exception tree of rag-stream.
+
+RagStreamError                      500 internal_error
+├── ConfigError                     (start-up only; printed as one line, never served)
+├── InvalidRequest                  422 invalid_request
+├── NotFound                        404 not_found
+├── Conflict                        409 conflict
+├── PayloadTooLarge                 413 payload_too_large
+├── UnsupportedMediaType            415 unsupported_media_type
+└── ServiceUnavailable              503 service_unavailable
+    ├── EngineUnavailable           503 engine_unavailable
+    ├── EventLogUnavailable         503 event_log_unavailable
+    └── VectorStoreUnavailable      503 vector_store_unavailable
+
+Every error renders as ``{"error": {"code": ..., "message": ...}}`` with its status code, and
+inside an SSE stream as an ``error`` event with the same code and message.
+"""
+
+from __future__ import annotations
+
+
+class RagStreamError(Exception):
+    status_code = 500
+    code = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(RagStreamError):
+    code = "config_error"
+
+
+class InvalidRequest(RagStreamError):
+    status_code = 422
+    code = "invalid_request"
+
+
+class NotFound(RagStreamError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(RagStreamError):
+    status_code = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(RagStreamError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(RagStreamError):
+    status_code = 415
+    code = "unsupported_media_type"
+
+
+class ServiceUnavailable(RagStreamError):
+    status_code = 503
+    code = "service_unavailable"
+
+
+class EngineUnavailable(ServiceUnavailable):
+    code = "engine_unavailable"
+
+
+class EventLogUnavailable(ServiceUnavailable):
+    code = "event_log_unavailable"
+
+
+class VectorStoreUnavailable(ServiceUnavailable):
+    code = "vector_store_unavailable"
+
+
+def _all_subclasses(cls: type[RagStreamError]) -> list[type[RagStreamError]]:
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+def from_code(code: str, message: str) -> RagStreamError:
+    """Rebuild the exception an ``error`` event was made from (for non-streaming responses)."""
+    for cls in _all_subclasses(RagStreamError):
+        if cls.code == code:
+            return cls(message)
+    return RagStreamError(message)

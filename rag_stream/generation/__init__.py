@@ -1,0 +1,1 @@
+"""Engines, detokenization and prompt building."""

@@ -1,0 +1,58 @@
+"""The small interface every engine implements, and the values it exchanges."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """New token ids since the previous step of one request."""
+
+    token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    finish_reason: FinishReason | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class Engine(Protocol):
+    model_name: str
+    max_model_len: int
+    tokenizer: Tokenizer
+    stop_token_ids: frozenset[int]
+
+    def generate(
+        self, request_id: str, prompt: str | Sequence[int], sampling: Sampling
+    ) -> AsyncIterator[EngineStep]:
+        """Stream the tokens of one request; the last step has a finish_reason."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        """The model's chat template applied to messages, ready for generation."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,116 @@
+"""The in-process vLLM engine (AsyncLLM, V1) behind the Engine interface.
+
+vLLM is imported lazily: it is heavy, and the test doubles and CLI commands that do not generate
+must not pay for it. The engine core runs in a spawned process, so whatever starts this engine
+needs an ``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, cast
+
+import anyio
+
+from rag_stream.errors import EngineUnavailable
+from rag_stream.generation.engine import EngineStep, FinishReason, Sampling, Tokenizer
+from rag_stream.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "cancelled"}
+
+
+class VLLMEngine:
+    """Owns one AsyncLLM. Build it with ``await VLLMEngine.start(settings)``."""
+
+    def __init__(self, llm: Any, model_name: str, max_model_len: int) -> None:
+        self._llm = llm
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.tokenizer = cast(Tokenizer, llm.get_tokenizer())
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.stop_token_ids = frozenset([eos] if isinstance(eos, int) else [])
+
+    @classmethod
+    async def start(cls, settings: Settings, **engine_overrides: Any) -> VLLMEngine:
+        model = settings.resolved_model
+        log.info(
+            "engine: starting vLLM with %s (%s); this takes 20-60 s on CPU", model, settings.dtype
+        )
+        started = time.monotonic()
+
+        def build() -> Any:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            cfg = settings.engine
+            args = AsyncEngineArgs(
+                model=model,
+                dtype=settings.dtype,
+                max_model_len=cfg.max_model_len,
+                enable_prefix_caching=cfg.enable_prefix_caching,
+                enforce_eager=cfg.enforce_eager,
+                max_num_seqs=cfg.max_num_seqs,
+                kv_cache_memory_bytes=int(cfg.kv_cache_gb * (1 << 30)),
+                # On the CPU backend this reserves a share of node memory; the KV size above
+                # is what we actually want, so keep the reservation check permissive.
+                gpu_memory_utilization=0.3,
+                seed=0,
+                **engine_overrides,
+            )
+            return AsyncLLM.from_engine_args(args)
+
+        try:
+            llm = await anyio.to_thread.run_sync(build)
+        except Exception as exc:
+            raise EngineUnavailable(f"vLLM failed to start with model {model}: {exc}") from exc
+        log.info("engine: ready in %.1f s", time.monotonic() - started)
+        return cls(llm, model_name=model, max_model_len=settings.engine.max_model_len)
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
+        apply = getattr(self.tokenizer, "apply_chat_template")  # noqa: B009
+        return cast(str, apply(list(messages), tokenize=False, add_generation_prompt=True))
+
+    async def generate(
+        self, request_id: str, prompt: str | Sequence[int], sampling: Sampling
+    ) -> AsyncIterator[EngineStep]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        ids = (
+            self.tokenizer.encode(prompt, add_special_tokens=False)
+            if isinstance(prompt, str)
+            else list(prompt)
+        )
+        params = SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            detokenize=False,  # text comes from our UTF-8-safe detokenizer
+            output_kind=RequestOutputKind.DELTA,
+        )
+        try:
+            stream = self._llm.generate({"prompt_token_ids": ids}, params, request_id=request_id)
+            async for out in stream:
+                completion = out.outputs[0]
+                reason = completion.finish_reason if out.finished else None
+                yield EngineStep(
+                    token_ids=list(completion.token_ids),
+                    prompt_tokens=len(ids),
+                    cached_tokens=out.num_cached_tokens or 0,
+                    finish_reason=_FINISH.get(reason, "stop") if reason else None,
+                )
+        except Exception as exc:
+            if type(exc).__name__ == "EngineDeadError":
+                raise EngineUnavailable(f"engine died: {exc}") from exc
+            raise
+
+    async def abort(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    async def close(self) -> None:
+        await anyio.to_thread.run_sync(self._llm.shutdown)

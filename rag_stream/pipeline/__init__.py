@@ -1,0 +1,1 @@
+"""Request pipelines: turn a validated request into a sequence of typed events."""

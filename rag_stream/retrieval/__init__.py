@@ -1,0 +1,1 @@
+"""Embedder, vector store and retriever."""

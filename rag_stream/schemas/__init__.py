@@ -1,0 +1,1 @@
+"""Request/response models and the typed SSE events."""

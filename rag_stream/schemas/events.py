@@ -1,0 +1,82 @@
+"""The typed events of every stream (see docs/protocol.md).
+
+Each event has an integer ``id`` (one sequence per stream, from 0) and a ``type`` that becomes the
+SSE ``event:`` field; the rest is the JSON ``data:`` body.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+from rag_stream.generation.engine import FinishReason
+
+
+class _Event(BaseModel):
+    id: int = Field(ge=0)
+
+
+class StreamStarted(_Event):
+    type: Literal["stream"] = "stream"
+    stream_id: str
+    conversation_id: str | None = None
+    model: str
+    created: float
+
+
+class Citation(_Event):
+    type: Literal["citation"] = "citation"
+    n: int
+    chunk_id: str
+    document_id: str
+    title: str
+    heading: str | None
+    snippet: str
+    offsets: tuple[int, int]
+    score: float
+
+
+class Token(_Event):
+    type: Literal["token"] = "token"
+    index: int
+    text: str
+    token_ids: list[int]
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class Timings(BaseModel):
+    queue_ms: float = 0.0
+    retrieval_ms: float = 0.0
+    ttft_ms: float = 0.0
+    decode_ms: float = 0.0
+    tpot_ms: float = 0.0
+
+
+class Done(_Event):
+    type: Literal["done"] = "done"
+    finish_reason: FinishReason
+    usage: Usage = Usage()
+    timings: Timings = Timings()
+    cited: list[int] = []
+    dropped_sources: int = 0
+
+
+class ErrorEvent(_Event):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+
+
+Event = Annotated[StreamStarted | Citation | Token | Done | ErrorEvent, Field(discriminator="type")]
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+TERMINAL_TYPES = frozenset({"done", "error"})
+
+
+def is_terminal(event: Event) -> bool:
+    return event.type in TERMINAL_TYPES

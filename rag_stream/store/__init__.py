@@ -1,0 +1,1 @@
+"""SQLAlchemy models, the database connection and repositories."""

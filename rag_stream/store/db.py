@@ -1,0 +1,61 @@
+"""The database connection (SQLite by default, PostgreSQL by URL) and migrations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event, text
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from rag_stream.settings import PROJECT_ROOT
+
+MIGRATIONS_DIR = PROJECT_ROOT / "migrations"
+
+
+def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()
+
+
+def create_db(url: str) -> tuple[AsyncEngine, async_sessionmaker[AsyncSession]]:
+    if url.startswith("sqlite"):
+        path = url.split(":///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(url, pool_pre_ping=True)
+    if url.startswith("sqlite"):
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+    return engine, async_sessionmaker(engine, expire_on_commit=False)
+
+
+async def ping(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["url"] = url
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Apply migrations (synchronous: call before the event loop starts, or from a thread)."""
+    if url.startswith("sqlite"):
+        path = url.split(":///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    command.upgrade(alembic_config(url), revision)

@@ -1,0 +1,1 @@
+"""Event log, SSE encoding, resume, leases and cancellation."""

@@ -1,0 +1,84 @@
+"""Shared fixtures: prepared models, a tiny test model, real Redis/PostgreSQL, server processes."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rag_stream.prepare import make_tiny_model
+from rag_stream.settings import DEFAULT_EMBEDDER_DIRNAME, DEFAULT_LLM_DIRNAME
+from tests.support.server import ROOT, ServerProcess
+
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_URL = os.environ.get(
+    "TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+)
+
+
+@pytest.fixture(scope="session")
+def models_dir() -> Path:
+    path = Path(os.environ.get("RAG_STREAM_MODELS_DIR", ROOT / ".data" / "models")).resolve()
+    if not (path / DEFAULT_LLM_DIRNAME / ".prepared").exists():
+        pytest.fail(f"models are not prepared under {path}: run `make install` first")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(models_dir: Path) -> Path:
+    return models_dir / DEFAULT_LLM_DIRNAME
+
+
+@pytest.fixture(scope="session")
+def embedder_path(models_dir: Path) -> Path:
+    return models_dir / DEFAULT_EMBEDDER_DIRNAME
+
+
+@pytest.fixture(scope="session")
+def tiny_model(models_dir: Path) -> Path:
+    return make_tiny_model(models_dir / "tiny-llama-test", models_dir / DEFAULT_LLM_DIRNAME)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_path: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_path))
+
+
+ServerFactory = Callable[..., ServerProcess]
+
+
+@pytest.fixture(scope="session")
+def server_factory(
+    tmp_path_factory: pytest.TempPathFactory, models_dir: Path
+) -> Iterator[ServerFactory]:
+    """Start real `rag-stream serve` processes; all are stopped at the end of the session."""
+    started: list[ServerProcess] = []
+
+    def start(*, wait: bool = True, data_dir: Path | None = None, **env: str) -> ServerProcess:
+        data = data_dir or tmp_path_factory.mktemp("data")
+        base = {
+            "RAG_STREAM_PROFILE": "test",
+            "RAG_STREAM_DATA_DIR": str(data),
+            "RAG_STREAM_MODELS_DIR": str(models_dir),
+        }
+        log = tmp_path_factory.mktemp("logs") / f"server-{uuid.uuid4().hex[:6]}.log"
+        server = ServerProcess({**base, **env}, log)
+        started.append(server)
+        if wait:
+            server.wait_ready()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(server_factory: ServerFactory, tiny_model: Path) -> ServerProcess:
+    """One server on the tiny model and the real local Redis, shared by protocol tests."""
+    return server_factory(RAG_STREAM_MODEL=str(tiny_model), RAG_STREAM_REDIS_URL=REDIS_URL)

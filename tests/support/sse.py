@@ -1,0 +1,35 @@
+"""A minimal SSE client for tests: parse frames into (id, event, data) with httpx-sse."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from httpx_sse import connect_sse
+
+
+@dataclass
+class Frame:
+    id: int
+    event: str
+    data: dict[str, Any]
+
+
+def read_stream(
+    client: httpx.Client, method: str, url: str, *, stop_after: int | None = None, **kwargs: Any
+) -> list[Frame]:
+    """Read frames until the stream ends (or stop_after frames, then disconnect)."""
+    frames: list[Frame] = []
+    with connect_sse(client, method, url, **kwargs) as source:
+        source.response.raise_for_status()
+        for sse in source.iter_sse():
+            frames.append(Frame(int(sse.id), sse.event, json.loads(sse.data)))
+            if stop_after is not None and len(frames) >= stop_after:
+                break
+    return frames
+
+
+def text_of(frames: list[Frame]) -> str:
+    return "".join(f.data["text"] for f in frames if f.event == "token")
