@@ -12,17 +12,37 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rag_stream.api import generate, health
+from rag_stream.api import (
+    answers,
+    conversations,
+    documents,
+    generate,
+    health,
+    kbs,
+    search,
+    streams,
+)
+from rag_stream.api import metrics as metrics_api
 from rag_stream.errors import RagStreamError
 from rag_stream.generation.engine import Engine
+from rag_stream.ingest.sample_kb import start_sample_kb
+from rag_stream.ingest.service import Ingestor
+from rag_stream.metrics import Metrics
+from rag_stream.pipeline.answer import make_answer_finalizer
+from rag_stream.pipeline.context import Finalizer
+from rag_stream.pipeline.generate import make_generate_finalizer
 from rag_stream.resources import Resources
 from rag_stream.retrieval.embedder import Embedder, SentenceTransformerEmbedder
+from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import QdrantVectorStore
 from rag_stream.settings import Settings
 from rag_stream.store.db import create_db
+from rag_stream.streaming.event_log import EventLog, RedisEventLog
+from rag_stream.streaming.manager import StreamManager
+from rag_stream.streaming.memory_log import MemoryEventLog
 from rag_stream.streaming.redis_conn import open_redis
 
 log = logging.getLogger(__name__)
@@ -38,7 +58,9 @@ async def _vllm_engine(settings: Settings) -> Engine:
 
 
 async def _st_embedder(settings: Settings) -> Embedder:
-    return await SentenceTransformerEmbedder.load(settings.resolved_embedder)
+    return await SentenceTransformerEmbedder.load(
+        settings.resolved_embedder, batch_size=settings.ingest.embed_batch_size
+    )
 
 
 def create_app(
@@ -54,16 +76,48 @@ def create_app(
         db_engine, sessions = create_db(settings.resolved_database_url)
         vectors = QdrantVectorStore.from_settings(settings)
         engine_task: asyncio.Task[None] | None = None
+        sample_task: asyncio.Task[None] | None = None
         resources: Resources | None = None
         try:
             embedder = await embedder_factory(settings)
             await vectors.ensure(embedder.dimension)
-            resources = Resources(settings, redis, db_engine, sessions, vectors, embedder)
+            retriever = Retriever(sessions, vectors, embedder)
+            event_log: EventLog = (
+                RedisEventLog(redis.client, prefix=settings.streaming.key_prefix)
+                if settings.streaming.checkpoint
+                else MemoryEventLog()
+            )
+            finalizers: dict[str, Finalizer] = {
+                "generate": make_generate_finalizer(sessions, metrics),
+                "answer": make_answer_finalizer(sessions, metrics),
+            }
+
+            async def engine_when_ready() -> Engine:
+                assert resources is not None
+                return await resources.wait_engine()
+
+            stream_manager = StreamManager(
+                event_log, settings.streaming, engine_when_ready, finalizers
+            )
+            metrics.active_streams.set_function(lambda: stream_manager.active)
+            resources = Resources(
+                settings, redis, db_engine, sessions, vectors, embedder, retriever, stream_manager
+            )
             app.state.resources = resources
+            ingestor = Ingestor(sessions, vectors, embedder, settings.ingest)
+            app.state.ingestor = ingestor
+            sample_task = start_sample_kb(settings, sessions, ingestor)
             # The engine loads in the background so /healthz and /readyz answer meanwhile.
             engine_task = asyncio.create_task(_start_engine(resources))
+            stream_manager.start_sweeper()
             yield
         finally:
+            if sample_task is not None:
+                sample_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await sample_task
+            if resources is not None:
+                await resources.streams.close()
             if engine_task is not None:
                 engine_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -83,9 +137,29 @@ def create_app(
             if exit_on_engine_failure:
                 os.kill(os.getpid(), signal.SIGTERM)
 
+    metrics = Metrics()
     app = FastAPI(title="rag-stream", version="0.1.0", lifespan=lifespan)
+    app.state.metrics = metrics
+
+    @app.middleware("http")
+    async def count_requests(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        metrics.requests.labels(path, request.method, str(response.status_code)).inc()
+        return response
+
     app.include_router(health.router)
     app.include_router(generate.router)
+    app.include_router(streams.router)
+    app.include_router(answers.router)
+    app.include_router(conversations.router)
+    app.include_router(metrics_api.router)
+    app.include_router(kbs.router)
+    app.include_router(documents.router)
+    app.include_router(search.router)
     _install_error_handlers(app)
     return app
 

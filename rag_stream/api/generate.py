@@ -5,16 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from rag_stream.api.deps import EngineDep, SettingsDep
-from rag_stream.errors import PayloadTooLarge, RagStreamError, from_code
+from rag_stream.api.deps import EngineDep, ResourcesDep
+from rag_stream.errors import PayloadTooLarge
 from rag_stream.pipeline.generate import (
     fit_to_window,
-    generate_events,
+    generate_body,
+    generation_plan,
     make_sampling,
-    new_stream_id,
 )
-from rag_stream.schemas.events import Done, ErrorEvent, Token
 from rag_stream.schemas.generate import GenerateRequest, GenerateResponse
+from rag_stream.streaming.collect import collect
 from rag_stream.streaming.sse import event_stream_response
 
 router = APIRouter(tags=["generate"])
@@ -22,8 +22,9 @@ router = APIRouter(tags=["generate"])
 
 @router.post("/v1/generate", response_model=None)
 async def generate(
-    body: GenerateRequest, engine: EngineDep, settings: SettingsDep
+    body: GenerateRequest, engine: EngineDep, resources: ResourcesDep
 ) -> Response | GenerateResponse:
+    settings = resources.settings
     limits = settings.limits
     if len(body.prompt) > limits.max_prompt_chars:
         raise PayloadTooLarge(
@@ -34,27 +35,21 @@ async def generate(
         engine.chat_prompt([{"role": "user", "content": body.prompt}]) if body.chat else body.prompt
     )
     prompt_ids = engine.tokenizer.encode(text, add_special_tokens=False)
-    sampling = fit_to_window(engine, prompt_ids, sampling)
-    stream_id = new_stream_id()
-    events = generate_events(engine, prompt_ids, sampling, stream_id)
+    plan = generation_plan(prompt_ids, fit_to_window(engine, prompt_ids, sampling))
+    streams = resources.streams
+    sid = await streams.start(
+        model=engine.model_name, kind="generate", body=lambda ctx: generate_body(ctx, plan)
+    )
+    events = streams.follow(sid, -1)
     if body.stream:
         return event_stream_response(events, settings.streaming.keepalive_s)
-    pieces: list[str] = []
-    ids: list[int] = []
-    async for event in events:
-        if isinstance(event, Token):
-            pieces.append(event.text)
-            ids.extend(event.token_ids)
-        elif isinstance(event, ErrorEvent):
-            raise from_code(event.code, event.message)
-        elif isinstance(event, Done):
-            return GenerateResponse(
-                stream_id=stream_id,
-                model=engine.model_name,
-                text="".join(pieces),
-                token_ids=ids,
-                finish_reason=event.finish_reason,
-                usage=event.usage,
-                timings=event.timings,
-            )
-    raise RagStreamError("generation ended without a terminal event")
+    result = await collect(events)
+    return GenerateResponse(
+        stream_id=sid,
+        model=engine.model_name,
+        text=result.text,
+        token_ids=result.token_ids,
+        finish_reason=result.done.finish_reason,
+        usage=result.done.usage,
+        timings=result.done.timings,
+    )

@@ -42,6 +42,8 @@ class Engine(Protocol):
     max_model_len: int
     tokenizer: Tokenizer
     stop_token_ids: frozenset[int]
+    # Prefix caching reuses whole KV blocks of this many tokens (128 on the CPU build).
+    cache_block_size: int
 
     def generate(
         self, request_id: str, prompt: str | Sequence[int], sampling: Sampling

@@ -33,6 +33,7 @@ class VLLMEngine:
         self.tokenizer = cast(Tokenizer, llm.get_tokenizer())
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.stop_token_ids = frozenset([eos] if isinstance(eos, int) else [])
+        self.cache_block_size = int(llm.vllm_config.cache_config.block_size or 16)
 
     @classmethod
     async def start(cls, settings: Settings, **engine_overrides: Any) -> VLLMEngine:
@@ -47,6 +48,10 @@ class VLLMEngine:
             from vllm.v1.engine.async_llm import AsyncLLM
 
             cfg = settings.engine
+            if settings.kv.enabled and "kv_transfer_config" not in engine_overrides:
+                from rag_stream.kv.config import transfer_config
+
+                engine_overrides["kv_transfer_config"] = transfer_config(settings)
             args = AsyncEngineArgs(
                 model=model,
                 dtype=settings.dtype,

@@ -1,23 +1,21 @@
-"""Plain generation: a prompt in, ``stream``, ``token``... and ``done`` events out."""
+"""Plain generation: a prompt in; ``stream``, ``token``... and ``done`` events out."""
 
 from __future__ import annotations
 
-import logging
-import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
-from rag_stream.errors import InvalidRequest, PayloadTooLarge, RagStreamError
-from rag_stream.generation.engine import Engine, Sampling
-from rag_stream.pipeline.tokens import TokenRun, run_tokens
-from rag_stream.schemas.events import Done, ErrorEvent, Event, StreamStarted, Token
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from rag_stream.errors import InvalidRequest, PayloadTooLarge
+from rag_stream.generation.engine import Engine, FinishReason, Sampling
+from rag_stream.metrics import Metrics
+from rag_stream.pipeline.context import Finalizer, StreamContext
+from rag_stream.pipeline.phases import token_phase
+from rag_stream.pipeline.plan import Plan
+from rag_stream.schemas.events import Done
 from rag_stream.settings import LimitsSettings
-
-log = logging.getLogger(__name__)
-
-
-def new_stream_id() -> str:
-    return secrets.token_urlsafe(24)  # 192 random bits
+from rag_stream.store.models import StreamRecord
 
 
 def make_sampling(
@@ -46,38 +44,52 @@ def fit_to_window(engine: Engine, prompt_ids: Sequence[int], sampling: Sampling)
     return Sampling(room, sampling.temperature, sampling.top_p, sampling.seed)
 
 
-def error_event(event_id: int, exc: BaseException) -> ErrorEvent:
-    if isinstance(exc, RagStreamError):
-        return ErrorEvent(id=event_id, code=exc.code, message=exc.message)
-    log.exception("stream failed", exc_info=exc)
-    return ErrorEvent(id=event_id, code="internal_error", message="generation failed unexpectedly")
-
-
-async def generate_events(
-    engine: Engine, prompt_ids: Sequence[int], sampling: Sampling, stream_id: str
-) -> AsyncIterator[Event]:
-    started = time.monotonic()
-    next_id = 0
-    yield StreamStarted(
-        id=next_id, stream_id=stream_id, model=engine.model_name, created=time.time()
+def generation_plan(prompt_ids: Sequence[int], sampling: Sampling) -> Plan:
+    return Plan(
+        kind="generate",
+        prompt_ids=list(prompt_ids),
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
     )
-    next_id += 1
-    run = TokenRun()
-    finished = False
-    try:
-        async for delta in run_tokens(engine, stream_id, prompt_ids, sampling, run):
-            yield Token(id=next_id, index=delta.index, text=delta.text, token_ids=delta.token_ids)
-            next_id += 1
-        finished = True
-        yield Done(
-            id=next_id,
-            finish_reason=run.finish_reason,
-            usage=run.usage(),
-            timings=run.timings(started),
+
+
+async def generate_body(ctx: StreamContext, plan: Plan) -> None:
+    await ctx.save_plan(plan)
+    await token_phase(ctx, plan)
+
+
+def make_generate_finalizer(
+    sessions: async_sessionmaker[AsyncSession], metrics: Metrics
+) -> Finalizer:
+    async def finalize(ctx: StreamContext, reason: FinishReason, event_id: int) -> Done:
+        ctx.run.finish_reason = reason
+        usage = ctx.run.usage()
+        async with sessions() as session:
+            await session.merge(
+                StreamRecord(
+                    id=ctx.stream_id,
+                    kind="generate",
+                    model=ctx.engine.model_name,
+                    conversation_id=None,
+                    finish_reason=reason,
+                    text="".join(ctx.text),
+                    usage=usage.model_dump(),
+                )
+            )
+            await session.commit()
+        done = Done(
+            id=event_id,
+            finish_reason=reason,
+            usage=usage,
+            timings=ctx.run.timings(ctx.started, queue_ms=ctx.queue_ms),
         )
-    except Exception as exc:
-        finished = True
-        yield error_event(next_id, exc)
-    finally:
-        if not finished:  # the consumer went away: free the engine slot
-            await engine.abort(stream_id)
+        metrics.observe_done("generate", done)
+        return done
+
+    return finalize
+
+
+def elapsed_ms(since: float) -> float:
+    return (time.monotonic() - since) * 1000

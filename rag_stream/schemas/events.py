@@ -73,6 +73,11 @@ class ErrorEvent(_Event):
     message: str
 
 
+class TransientError(ErrorEvent):
+    """An error a reader hit itself (e.g. Redis went away): never in the log, so it is sent
+    without an SSE id and a client's Last-Event-ID still points at the last logged event."""
+
+
 Event = Annotated[StreamStarted | Citation | Token | Done | ErrorEvent, Field(discriminator="type")]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 TERMINAL_TYPES = frozenset({"done", "error"})

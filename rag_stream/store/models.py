@@ -77,3 +77,53 @@ class Chunk(Base):
     token_count: Mapped[int] = mapped_column(Integer)
 
     document: Mapped[Document] = relationship(back_populates="chunks")
+
+
+class StreamRecord(Base):
+    """A finished stream, kept after its Redis log expires."""
+
+    __tablename__ = "streams"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(512))
+    conversation_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    text: Mapped[str] = mapped_column(Text)
+    usage: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Conversation(Base):
+    __tablename__ = "conversations"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    kb_id: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    messages: Mapped[list[Message]] = relationship(
+        back_populates="conversation",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+        order_by="Message.seq",
+    )
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    __table_args__ = (UniqueConstraint("conversation_id", "seq", name="uq_messages_seq"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    conversation_id: Mapped[str] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), index=True
+    )
+    seq: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    stream_id: Mapped[str | None] = mapped_column(String(64), unique=True)
+    citations: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    usage: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    conversation: Mapped[Conversation] = relationship(back_populates="messages")

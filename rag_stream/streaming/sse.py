@@ -6,14 +6,14 @@ from collections.abc import AsyncIterator
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from rag_stream.schemas.events import Event
+from rag_stream.schemas.events import Event, TransientError
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
 def to_sse(event: Event) -> ServerSentEvent:
     return ServerSentEvent(
-        id=str(event.id),
+        id=None if isinstance(event, TransientError) else str(event.id),
         event=event.type,
         data=event.model_dump_json(exclude={"id", "type"}),
     )

@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.conftest import ServerFactory
+from tests.support.kb import make_kb
 from tests.support.server import ServerProcess
 from tests.support.sse import read_stream, text_of
 
 pytestmark = [pytest.mark.engine, pytest.mark.smollm2]
-
-
-@pytest.fixture(scope="session")
-def default_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("default-data")
-
-
-@pytest.fixture(scope="session")
-def default_server(server_factory: ServerFactory, default_data_dir: Path) -> ServerProcess:
-    # default profile, no URLs: every dependency is the embedded one
-    return server_factory(RAG_STREAM_PROFILE="default", data_dir=default_data_dir)
 
 
 def test_embedded_state_lives_under_the_data_dir(
@@ -50,3 +40,56 @@ def test_smollm2_answers_a_fixed_question(default_server: ServerProcess) -> None
     assert frames[-1].data["finish_reason"] == "stop"
     # tokens arrive one event at a time, not as one blob
     assert sum(f.event == "token" for f in frames) >= 5
+
+
+def test_smollm2_answers_from_the_knowledge_base(default_server: ServerProcess) -> None:
+    kb = make_kb(
+        default_server.url,
+        [
+            ("Rivers", "The Zorblat river flows through the town of Quimby before the sea."),
+            ("Birds", "Herons nest in tall trees near water and eat fish and frogs."),
+        ],
+    )
+    body = {
+        "kb": kb,
+        "question": "Which town does the Zorblat river flow through?",
+        "max_tokens": 40,
+    }
+    with httpx.Client(base_url=default_server.url, timeout=300) as client:
+        frames = read_stream(client, "POST", "/v1/answers", json=body)
+    assert frames[1].event == "citation" and frames[1].data["title"] == "Rivers"
+    assert "Quimby" in text_of(frames)
+
+
+def test_chinese_document_and_question_stream_valid_utf8(default_server: ServerProcess) -> None:
+    kb = make_kb(
+        default_server.url,
+        [("长城", "长城是中国古代的军事防御工程，东起山海关，西至嘉峪关，全长超过两万公里。")],
+        prefix="zh",
+    )
+    body = {"kb": kb, "question": "长城有多长？请用中文回答。", "max_tokens": 60}
+    with httpx.Client(base_url=default_server.url, timeout=300) as client:
+        frames = read_stream(client, "POST", "/v1/answers", json=body)
+    tokens = [f.data["text"] for f in frames if f.event == "token"]
+    answer = "".join(tokens)
+    assert answer.strip()
+    assert all("\ufffd" not in t for t in tokens), answer
+    assert any(ord(c) > 0x2E80 for c in answer), answer  # the model really wrote CJK text
+    citation = next(f.data for f in frames if f.event == "citation")
+    assert "长城" in citation["snippet"]
+
+
+def test_sample_docs_kb_is_ingested_on_first_serve(default_server: ServerProcess) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        r = httpx.get(f"{default_server.url}/v1/kbs/docs", timeout=30)
+        if r.status_code == 200 and r.json()["document_count"] > 0:
+            break
+        assert time.monotonic() < deadline, r.text
+        time.sleep(1)
+    hits = httpx.post(
+        f"{default_server.url}/v1/kbs/docs/search",
+        json={"query": "Last-Event-ID resume", "top_k": 3},
+        timeout=60,
+    ).json()
+    assert hits["results"], hits

@@ -23,14 +23,20 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, env: Mapping[str, str], log_path: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        log_path: Path,
+        port: int | None = None,
+        command: list[str] | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         full_env = {**os.environ, **env, "RAG_STREAM_PORT": str(self.port)}
         self._log = open(log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rag_stream", "serve"],
+            command or [sys.executable, "-m", "rag_stream", "serve"],
             env=full_env,
             cwd=ROOT,
             stdout=self._log,

@@ -25,6 +25,10 @@ def read_stream(
     with connect_sse(client, method, url, **kwargs) as source:
         source.response.raise_for_status()
         for sse in source.iter_sse():
+            if not sse.data:
+                # a keep-alive comment: httpx-sse surfaces it as an empty event because the
+                # last id carries over; browsers (per the SSE spec) dispatch nothing
+                continue
             frames.append(Frame(int(sse.id), sse.event, json.loads(sse.data)))
             if stop_after is not None and len(frames) >= stop_after:
                 break

@@ -1,0 +1,166 @@
+"""/v1/kbs/{kb}/documents: upload (JSON or a file), list, read and delete documents."""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import TypeAdapter, ValidationError
+
+from rag_stream.api.deps import SessionDep, SettingsDep
+from rag_stream.api.ingest_deps import IngestorDep
+from rag_stream.api.uploads import metadata_field, read_body, read_upload
+from rag_stream.errors import UnsupportedMediaType
+from rag_stream.ingest.parsing import parse_text
+from rag_stream.ingest.service import DocumentDraft, parse_upload
+from rag_stream.schemas.kbs import (
+    ChunkOut,
+    DocumentCreate,
+    DocumentDetail,
+    DocumentOut,
+    DocumentPage,
+    IngestOut,
+    Metadata,
+)
+from rag_stream.store import repositories as repo
+from rag_stream.store.models import Document
+
+router = APIRouter(prefix="/v1/kbs/{kb}/documents", tags=["documents"])
+
+_metadata = TypeAdapter(Metadata)
+_UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": DocumentCreate.model_json_schema()},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "title": {"type": "string"},
+                        "source": {"type": "string", "description": "defaults to the filename"},
+                        "metadata": {"type": "string", "description": "a JSON object"},
+                    },
+                }
+            },
+        },
+    }
+}
+
+
+def document_out(doc: Document) -> dict[str, Any]:
+    return {
+        "id": doc.id,
+        "kb_id": doc.kb_id,
+        "title": doc.title,
+        "source": doc.source,
+        "media_type": doc.media_type,
+        "content_hash": doc.content_hash,
+        "metadata": doc.meta,
+        "chunk_count": doc.chunk_count,
+        "created_at": doc.created_at,
+    }
+
+
+async def _draft(request: Request, limit: int) -> DocumentDraft:
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if content_type == "application/json":
+        raw = await read_body(request, limit)
+        try:
+            body = DocumentCreate.model_validate_json(raw)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        parsed = await anyio.to_thread.run_sync(parse_text, body.text, body.media_type)
+        return DocumentDraft(body.title, parsed, body.source, body.metadata)
+    if content_type == "multipart/form-data":
+        upload = await read_upload(request, limit)
+        try:
+            meta = _metadata.validate_python(metadata_field(upload.fields.get("metadata")))
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        parsed = await parse_upload(upload.data, upload.filename, upload.content_type)
+        name = PurePath(upload.filename).name if upload.filename else None
+        title = upload.fields.get("title") or parsed.title or name or "untitled"
+        source = upload.fields.get("source") or name
+        return DocumentDraft(title, parsed, source, meta)
+    raise UnsupportedMediaType(
+        f"send application/json or multipart/form-data, not {content_type or 'no content type'!r}"
+    )
+
+
+@router.post("", status_code=201, response_model=IngestOut, openapi_extra=_UPLOAD_BODY)
+async def upload_document(
+    kb: str,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    settings: SettingsDep,
+    ingestor: IngestorDep,
+) -> IngestOut:
+    found = await repo.resolve_kb(session, kb)
+    await session.close()
+    draft = await _draft(request, settings.ingest.max_upload_bytes)
+    result = await ingestor.ingest(found.id, draft)
+    if not result.created:
+        response.status_code = 200
+    return IngestOut(
+        **document_out(result.document),
+        created=result.created,
+        replaced_document_id=result.replaced_id,
+    )
+
+
+@router.get("")
+async def list_documents(
+    kb: str,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> DocumentPage:
+    found = await repo.resolve_kb(session, kb)
+    docs, total = await repo.list_documents(session, found.id, limit, offset)
+    return DocumentPage(
+        data=[DocumentOut(**document_out(d)) for d in docs],
+        total=total,
+        limit=limit,
+        offset=offset,
+        next_offset=offset + len(docs) if offset + len(docs) < total else None,
+    )
+
+
+@router.get("/{doc}")
+async def get_document(
+    kb: str, doc: str, session: SessionDep, include_chunks: bool = False
+) -> DocumentDetail:
+    found = await repo.resolve_kb(session, kb)
+    document = await repo.get_document(session, found.id, doc)
+    chunks = None
+    if include_chunks:
+        chunks = [
+            ChunkOut(
+                id=c.id,
+                ordinal=c.ordinal,
+                start=c.start,
+                end=c.end,
+                heading=c.heading,
+                token_count=c.token_count,
+                text=c.text,
+            )
+            for c in await repo.chunks_of(session, document.id)
+        ]
+    return DocumentDetail(**document_out(document), text=document.text, chunks=chunks)
+
+
+@router.delete("/{doc}", status_code=204)
+async def delete_document(
+    kb: str, doc: str, session: SessionDep, ingestor: IngestorDep
+) -> Response:
+    found = await repo.resolve_kb(session, kb)
+    await session.close()
+    await ingestor.delete_document(found.id, doc)
+    return Response(status_code=204)

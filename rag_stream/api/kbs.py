@@ -1,0 +1,51 @@
+"""/v1/kbs: create, list, read and delete knowledge bases."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from rag_stream.api.deps import SessionDep
+from rag_stream.api.ingest_deps import IngestorDep
+from rag_stream.schemas.kbs import KbCreate, KbList, KbOut
+from rag_stream.store import repositories as repo
+from rag_stream.store.repositories import KbStats
+
+router = APIRouter(prefix="/v1/kbs", tags=["knowledge bases"])
+
+
+def kb_out(stats: KbStats) -> KbOut:
+    kb = stats.kb
+    return KbOut(
+        id=kb.id,
+        name=kb.name,
+        description=kb.description,
+        created_at=kb.created_at,
+        document_count=stats.document_count,
+        chunk_count=stats.chunk_count,
+    )
+
+
+@router.post("", status_code=201)
+async def create_kb(body: KbCreate, session: SessionDep) -> KbOut:
+    kb = await repo.create_kb(session, body.name, body.description)
+    return kb_out(KbStats(kb, 0, 0))
+
+
+@router.get("")
+async def list_kbs(session: SessionDep) -> KbList:
+    return KbList(data=[kb_out(s) for s in await repo.list_kbs(session)])
+
+
+@router.get("/{kb}")
+async def get_kb(kb: str, session: SessionDep) -> KbOut:
+    found = await repo.resolve_kb(session, kb)
+    (stats,) = await repo.kb_stats(session, [found])
+    return kb_out(stats)
+
+
+@router.delete("/{kb}", status_code=204)
+async def delete_kb(kb: str, session: SessionDep, ingestor: IngestorDep) -> Response:
+    found = await repo.resolve_kb(session, kb)
+    await session.close()  # the ingestor deletes in its own session
+    await ingestor.delete_kb(found.id)
+    return Response(status_code=204)

@@ -1,0 +1,1 @@
+"""Ingestion: parsing uploads into text, chunking, and writing chunks to SQL and Qdrant."""

@@ -1,0 +1,71 @@
+"""The sample knowledge base: the project's own docs/, ingested into a KB named "docs" when
+``serve`` starts (setting ``ingest.sample_kb``), so a newcomer can ask questions at once.
+
+It runs on every start and is idempotent: unchanged files are skipped by content hash, edited
+ones replace their previous version (the source is the path relative to the project).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import anyio
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from rag_stream.ingest.files import IngestSummary, collect_files, ensure_kb, ingest_files
+from rag_stream.ingest.service import Ingestor
+from rag_stream.settings import PROJECT_ROOT, Settings
+
+log = logging.getLogger(__name__)
+
+SAMPLE_KB_NAME = "docs"
+SAMPLE_DOCS_DIR = PROJECT_ROOT / "docs"
+
+
+async def ingest_sample_kb(
+    sessions: async_sessionmaker[AsyncSession],
+    ingestor: Ingestor,
+    docs_dir: Path = SAMPLE_DOCS_DIR,
+) -> IngestSummary | None:
+    files = await anyio.to_thread.run_sync(_sample_files, docs_dir)
+    if files is None:
+        log.info("sample kb: %s not found; skipped", docs_dir)
+        return None
+    kb = await ensure_kb(sessions, SAMPLE_KB_NAME, "rag-stream's own documentation (sample)")
+    summary = await ingest_files(
+        ingestor, kb.id, files, source_for=lambda p: p.relative_to(docs_dir.parent).as_posix()
+    )
+    for path, problem in summary.failed:
+        log.warning("sample kb: %s skipped: %s", path, problem)
+    log.info(
+        "sample kb %r: %d new, %d replaced, %d unchanged documents, %d chunks in %.1f s",
+        SAMPLE_KB_NAME,
+        summary.created,
+        summary.replaced,
+        summary.unchanged,
+        summary.chunks,
+        summary.seconds,
+    )
+    return summary
+
+
+def _sample_files(docs_dir: Path) -> list[Path] | None:
+    return collect_files([docs_dir])[0] if docs_dir.is_dir() else None
+
+
+def start_sample_kb(
+    settings: Settings, sessions: async_sessionmaker[AsyncSession], ingestor: Ingestor
+) -> asyncio.Task[None] | None:
+    """Ingest the sample KB in the background when the setting is on (never fails the app)."""
+    if not settings.ingest.sample_kb:
+        return None
+
+    async def run() -> None:
+        try:
+            await ingest_sample_kb(sessions, ingestor)
+        except Exception as exc:
+            log.warning("sample kb: ingestion failed: %s", exc)
+
+    return asyncio.create_task(run(), name="sample-kb")

@@ -1,0 +1,67 @@
+"""POST /v1/answers and GET /v1/conversations/{id}."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag_stream.schemas.events import Timings, Usage
+
+
+class AnswerRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kb: str = Field(min_length=1, description="knowledge base name or id")
+    question: str = Field(min_length=1)
+    conversation_id: str | None = None
+    top_k: int | None = Field(None, ge=0, description="0: no retrieval (history only)")
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    mmr: bool = False
+    stream: bool = True
+
+
+class CitationOut(BaseModel):
+    n: int
+    chunk_id: str
+    document_id: str
+    title: str
+    heading: str | None
+    snippet: str
+    offsets: tuple[int, int]
+    score: float
+
+
+class AnswerResponse(BaseModel):
+    stream_id: str
+    conversation_id: str
+    model: str
+    answer: str
+    citations: list[CitationOut]
+    finish_reason: str
+    usage: Usage
+    timings: Timings
+    cited: list[int]
+    dropped_sources: int
+
+
+class MessageOut(BaseModel):
+    seq: int
+    role: str
+    content: str
+    stream_id: str | None
+    citations: dict[str, Any]
+    usage: dict[str, Any]
+    finish_reason: str | None
+    created_at: datetime
+
+
+class ConversationOut(BaseModel):
+    id: str
+    kb_id: str | None
+    created_at: datetime
+    messages: list[MessageOut]

@@ -1,0 +1,124 @@
+"""The writing side of one stream: batches events into the Redis log and keeps the lease.
+
+A writer flushes when its buffer reaches ``flush_max_events`` or ``flush_interval_ms`` after the
+first buffered event, and at least every ``renew_interval_s`` (an empty append renews the lease).
+Each append tells it whether the stream was cancelled, whether a reader is still attached, and
+whether it still owns the stream; on any of these it records a stop reason and calls ``on_stop``
+(which aborts the engine request) so generation ends within one decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+from redis.exceptions import RedisError
+
+from rag_stream.schemas.events import Event
+from rag_stream.settings import StreamingSettings
+from rag_stream.streaming.event_log import EventLog, now_ms
+
+log = logging.getLogger(__name__)
+
+StopReason = Literal["cancelled", "abandoned", "lost", "log_unavailable"]
+
+
+class StreamWriter:
+    def __init__(
+        self,
+        event_log: EventLog,
+        stream_id: str,
+        owner: str,
+        next_id: int,
+        cfg: StreamingSettings,
+        on_stop: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._log = event_log
+        self._sid = stream_id
+        self._owner = owner
+        self._cfg = cfg
+        self._on_stop = on_stop
+        self._buffer: list[Event] = []
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self.next_id = next_id
+        self.stop_reason: StopReason | None = None
+        self.flushes = 0
+        self._closing = False
+        self._task = asyncio.create_task(self._run(), name=f"writer-{stream_id[:8]}")
+
+    def emit(self, make: Callable[[int], Event]) -> Event:
+        event = make(self.next_id)
+        self.next_id += 1
+        self._buffer.append(event)
+        if len(self._buffer) == 1 or len(self._buffer) >= self._cfg.flush_max_events:
+            self._wake.set()
+        return event
+
+    async def _run(self) -> None:
+        while self.stop_reason is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self._cfg.renew_interval_s)
+            self._wake.clear()
+            if self._closing:
+                return
+            if 0 < len(self._buffer) < self._cfg.flush_max_events:
+                await asyncio.sleep(self._cfg.flush_interval_ms / 1000)
+            await self.flush()
+
+    async def flush(self) -> None:
+        async with self._lock:
+            if self.stop_reason in ("lost", "log_unavailable"):
+                return
+            batch, self._buffer = self._buffer, []
+            result = None
+            superseded = False
+            for attempt in range(self._cfg.redis_retries + 1):
+                try:
+                    result = await self._log.append(
+                        self._sid, self._owner, batch, self._cfg.lease_ms
+                    )
+                    break
+                except RedisError as exc:
+                    if "ID specified" in str(exc):  # another writer appended these ids first
+                        superseded = True
+                        break
+                    log.warning(
+                        "stream %s: append failed (%s), attempt %d", self._sid, exc, attempt
+                    )
+                    await asyncio.sleep(0.2 * (attempt + 1))
+            self.flushes += 1
+        if superseded:
+            await self._stop("lost")
+        elif result is None:
+            await self._stop("log_unavailable")
+        elif not result.owned:
+            await self._stop("lost")
+        elif result.cancel:
+            await self._stop("cancelled")
+        elif self._abandoned(result.reader_seen_ms):
+            await self._stop("abandoned")
+
+    def _abandoned(self, seen_ms: int) -> bool:
+        limit = self._cfg.abandon_after_s
+        return limit > 0 and seen_ms > 0 and now_ms() - seen_ms > limit * 1000
+
+    async def _stop(self, reason: StopReason) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            log.info("stream %s: stopping (%s)", self._sid, reason)
+            await self._on_stop()
+
+    async def close(self) -> None:
+        """Stop the background flusher after any flush in flight (never cut one in half: its
+        events may or may not be in the log). The caller then writes the rest with finish()."""
+        self._closing = True
+        self._wake.set()
+        await self._task
+
+    def take_buffer(self) -> list[Event]:
+        batch, self._buffer = self._buffer, []
+        return batch

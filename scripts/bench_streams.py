@@ -1,0 +1,281 @@
+"""Benchmark the resumable-stream layer (issue 5).
+
+In one run, against a private redis-server on a free port:
+  1. SSE events/s per server CPU-second through the whole layer (HTTP, pipeline, event log, SSE)
+     with the stub engine emitting as fast as it can, many concurrent streams, with
+     checkpointing to Redis and with the in-process log (streaming.checkpoint=false);
+  2. Redis commands and bytes per generated token (INFO deltas over one checkpointed run);
+  3. resume latency (reconnect with Last-Event-ID to the first replayed event) after 100 and
+     1,000 tokens;
+  4. time from kill -9 of the generating process to the first new token from the survivor, on
+     the real SmolLM2 engine.
+
+    .venv/bin/python scripts/bench_streams.py --out docs/bench/streams.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.server import ServerProcess, free_port  # noqa: E402
+
+MODELS = ROOT / ".data" / "models"
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {
+        "p50": round(statistics.median(ordered), 2),
+        "p99": round(p99, 2),
+        "min": round(ordered[0], 2),
+        "max": round(ordered[-1], 2),
+        "n": len(ordered),
+    }
+
+
+def serve_stub(port: int) -> None:
+    """Run the real app with the stub engine (this script re-invoked with --serve-stub)."""
+    import uvicorn
+    from transformers import AutoTokenizer
+
+    from rag_stream.app import create_app
+    from rag_stream.generation.engine import Engine
+    from rag_stream.generation.stub import StubEngine
+    from rag_stream.preflight import migrate
+    from rag_stream.settings import Settings, load_settings
+
+    settings = load_settings(port=port)
+    migrate(settings)
+    tokenizer = AutoTokenizer.from_pretrained(str(MODELS / "SmolLM2-135M-Instruct"))
+
+    async def stub(_: Settings) -> Engine:
+        return StubEngine(tokenizer)
+
+    uvicorn.run(create_app(settings, engine_factory=stub), port=port, log_level="warning")
+
+
+def start_stub(data: Path, redis_url: str, checkpoint: bool) -> ServerProcess:
+    port = free_port()
+    log = data / f"stub-{port}.log"
+    env = {
+        "RAG_STREAM_PROFILE": "test",
+        "RAG_STREAM_DATA_DIR": str(data),
+        "RAG_STREAM_MODELS_DIR": str(MODELS),
+        "RAG_STREAM_REDIS_URL": redis_url,
+        "RAG_STREAM_STREAMING__CHECKPOINT": str(checkpoint).lower(),
+        "RAG_STREAM_LIMITS__MAX_TOKENS": "4096",
+        "RAG_STREAM_ENGINE__MAX_MODEL_LEN": "8192",
+    }
+    server = ServerProcess(
+        env, log, port=port, command=[sys.executable, __file__, "--serve-stub", str(port)]
+    )
+    server.wait_ready(120)
+    return server
+
+
+async def _one_stream(client: httpx.AsyncClient, tokens: int) -> int:
+    events = 0
+    body = {"prompt": "bench", "max_tokens": tokens}
+    async with client.stream("POST", "/v1/generate", json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                events += 1
+    return events
+
+
+def throughput(server: ServerProcess, streams: int, tokens: int) -> dict[str, float]:
+    proc = psutil.Process(server.proc.pid)
+
+    async def run() -> int:
+        limits = httpx.Limits(max_connections=streams)
+        async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
+            counts = await asyncio.gather(*(_one_stream(client, tokens) for _ in range(streams)))
+        return sum(counts)
+
+    asyncio.run(run())  # warm-up
+    cpu0 = sum(proc.cpu_times()[:2])
+    wall0 = time.perf_counter()
+    events = asyncio.run(run())
+    wall = time.perf_counter() - wall0
+    cpu = sum(proc.cpu_times()[:2]) - cpu0
+    return {
+        "events": events,
+        "wall_s": round(wall, 2),
+        "server_cpu_s": round(cpu, 2),
+        "events_per_s": round(events / wall),
+        "events_per_cpu_s": round(events / cpu),
+    }
+
+
+def redis_cost(server: ServerProcess, redis_url: str, tokens: int) -> dict[str, float]:
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+
+    def stats() -> tuple[dict[str, int], int]:
+        info = r.info("stats")
+        calls = {
+            k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in r.info("commandstats").items()
+        }
+        return calls, int(info["total_net_input_bytes"]) + int(info["total_net_output_bytes"])
+
+    c0, b0 = stats()
+    streams = 10
+    asyncio.run(_gather_streams(server, streams, tokens))
+    c1, b1 = stats()
+    generated = streams * tokens
+    per_command = {k: round((v - c0.get(k, 0)) / generated, 3) for k, v in c1.items()}
+    return {
+        "tokens": generated,
+        # commandstats counts the XADDs etc. run inside the append script too
+        "redis_commands_per_token": round(sum(per_command.values()), 3),
+        "by_command_per_token": {k: v for k, v in per_command.items() if v},
+        "redis_bytes_per_token": round((b1 - b0) / generated, 1),
+    }
+
+
+async def _gather_streams(server: ServerProcess, streams: int, tokens: int) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=600) as client:
+        await asyncio.gather(*(_one_stream(client, tokens) for _ in range(streams)))
+
+
+def resume_latency(server: ServerProcess, tokens: int, trials: int) -> dict[str, float]:
+    times = []
+    with httpx.Client(base_url=server.url, timeout=600) as client:
+        for _ in range(trials):
+            r = client.post(
+                "/v1/generate", json={"prompt": "x", "max_tokens": tokens, "stream": False}
+            )
+            sid = r.json()["stream_id"]
+            status = client.get(f"/v1/streams/{sid}").json()
+            cursor = status["last_event_id"] // 2
+            started = time.perf_counter()
+            with client.stream(
+                "GET", f"/v1/streams/{sid}/events", headers={"Last-Event-ID": str(cursor)}
+            ) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        times.append((time.perf_counter() - started) * 1000)
+                        break
+    return summary(times)
+
+
+def kill_to_first_token(data: Path, redis_url: str, trials: int) -> dict[str, Any]:
+    env = {
+        "RAG_STREAM_PROFILE": "test",
+        "RAG_STREAM_MODELS_DIR": str(MODELS),
+        "RAG_STREAM_MODEL": str(MODELS / "SmolLM2-135M-Instruct"),
+        "RAG_STREAM_REDIS_URL": redis_url,
+    }
+    survivor = ServerProcess({**env, "RAG_STREAM_DATA_DIR": str(data / "s")}, data / "s.log")
+    survivor.wait_ready()
+    gaps = []
+    try:
+        for i in range(trials):
+            victim = ServerProcess(
+                {**env, "RAG_STREAM_DATA_DIR": str(data / f"v{i}")}, data / f"v{i}.log"
+            )
+            victim.wait_ready()
+            with (
+                httpx.Client(base_url=victim.url, timeout=600) as client,
+                client.stream(
+                    "POST", "/v1/generate", json={"prompt": "Tell a long story.", "max_tokens": 200}
+                ) as response,
+            ):
+                sid, last = "", -1
+                for line in response.iter_lines():
+                    if line.startswith("id:"):
+                        last = int(line[3:])
+                    if line.startswith("data:") and not sid:
+                        sid = json.loads(line[5:])["stream_id"]
+                    if last >= 10:
+                        break
+            killed = time.perf_counter()
+            victim.kill()
+            victim.stop()
+            with (
+                httpx.Client(base_url=survivor.url, timeout=600) as client,
+                client.stream(
+                    "GET", f"/v1/streams/{sid}/events", headers={"Last-Event-ID": str(last)}
+                ) as response,
+            ):
+                event = ""
+                for line in response.iter_lines():
+                    if line.startswith("event:"):
+                        event = line.split(":", 1)[1].strip()
+                    if line.startswith("data:") and event == "token":
+                        gaps.append((time.perf_counter() - killed) * 1000)
+                        break
+    finally:
+        survivor.stop()
+    return {"kill_to_first_new_token_ms": summary(gaps) if gaps else {}, "lease_ms": 3000}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--serve-stub", type=int)
+    parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=500)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--kill-trials", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "streams.json")
+    args = parser.parse_args()
+    if args.serve_stub:
+        serve_stub(args.serve_stub)
+        return
+    report: dict[str, Any] = {"command": " ".join(sys.argv)}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        port = free_port()
+        redis_proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+        )
+        redis_url = f"redis://127.0.0.1:{port}/0"
+        time.sleep(0.5)
+        try:
+            for checkpoint in (True, False):
+                data = base / f"stub-{checkpoint}"
+                data.mkdir()
+                server = start_stub(data, redis_url, checkpoint)
+                try:
+                    key = "checkpoint_on" if checkpoint else "checkpoint_off"
+                    report[f"sse_{key}"] = throughput(server, args.streams, args.tokens)
+                    print(key, report[f"sse_{key}"], flush=True)
+                    if checkpoint:
+                        report["redis_cost"] = redis_cost(server, redis_url, args.tokens)
+                        print(report["redis_cost"], flush=True)
+                        for n in (100, 1000):
+                            report[f"resume_after_{n}_tokens_ms"] = resume_latency(
+                                server, n, args.trials
+                            )
+                            print(n, report[f"resume_after_{n}_tokens_ms"], flush=True)
+                finally:
+                    server.stop()
+            report["takeover"] = kill_to_first_token(base, redis_url, args.kill_trials)
+            print(report["takeover"], flush=True)
+        finally:
+            redis_proc.kill()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

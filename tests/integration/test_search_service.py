@@ -1,0 +1,81 @@
+"""Retriever.search on the real stores: ranking, metadata filters, score threshold, MMR."""
+
+from __future__ import annotations
+
+from rag_stream.ingest.parsing import parse_markdown, parse_plain
+from rag_stream.ingest.service import DocumentDraft
+from rag_stream.store.models import Document
+
+# The fixtures come from tests/support/kb_stack.py; test arguments reuse their names.
+# ruff: noqa: F811
+from tests.support.kb_stack import (  # noqa: F401
+    Stack,
+    db_url,
+    embedder,
+    stack,
+)
+
+SOLAR = "# Solar\n\n" + "\n\n".join(
+    f"## Part {i}\n\nSolar panels convert sunlight into electricity; panel efficiency drops as "
+    f"the panels get hot, so solar panel output is highest on cold sunny days. Part {i}."
+    for i in range(6)
+)
+OTHERS = {
+    "Rooftop modules": "Photovoltaic modules on rooftops produce less power in summer heat; "
+    "cooling improves their yield.",
+    "Wind": "Wind turbines produce electricity from moving air and work best on exposed hills.",
+    "Batteries": "Batteries store solar electricity for the evening; lithium iron phosphate "
+    "cells last longest.",
+}
+QUERY = "how does heat affect solar panel efficiency"
+
+
+async def _energy_kb(stack: Stack) -> str:
+    kb = await stack.new_kb()
+    await stack.ingestor.ingest(
+        kb, DocumentDraft("Solar", parse_markdown(SOLAR), meta={"topic": "solar", "year": 2024})
+    )
+    for title, text in OTHERS.items():
+        meta = {"topic": title.lower(), "year": 2023}
+        await stack.ingestor.ingest(kb, DocumentDraft(title, parse_plain(text), meta=meta))
+    return kb
+
+
+async def test_results_are_ranked_and_carry_citations(stack: Stack) -> None:
+    kb = await _energy_kb(stack)
+    hits = await stack.retriever.search(kb, "wind turbines on hills", 3)
+    assert hits[0].title == "Wind"
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    async with stack.sessions() as session:
+        for hit in hits:
+            doc = await session.get(Document, hit.document_id)
+            assert doc is not None and doc.text[hit.start : hit.end] == hit.text
+    solar = await stack.retriever.search(kb, QUERY, 1)
+    assert solar[0].title == "Solar" and solar[0].heading is not None
+    assert solar[0].heading.startswith("Part")
+
+
+async def test_metadata_filter_and_score_threshold(stack: Stack) -> None:
+    kb = await _energy_kb(stack)
+    only_2023 = await stack.retriever.search(kb, QUERY, 5, meta_filter={"year": 2023})
+    assert only_2023 and {h.title for h in only_2023} <= set(OTHERS)
+    picked = await stack.retriever.search(
+        kb, QUERY, 5, meta_filter={"topic": ["wind", "batteries"]}
+    )
+    assert {h.title for h in picked} == {"Wind", "Batteries"}
+    strict = await stack.retriever.search(kb, QUERY, 10, score_threshold=0.5)
+    assert strict and all(h.score >= 0.5 for h in strict)
+    assert await stack.retriever.search(kb, QUERY, 5, score_threshold=0.99) == []
+    # another knowledge base never leaks in
+    other = await stack.new_kb()
+    assert await stack.retriever.search(other, QUERY, 5) == []
+
+
+async def test_mmr_spreads_the_top_results_over_documents(stack: Stack) -> None:
+    kb = await _energy_kb(stack)
+    plain = await stack.retriever.search(kb, QUERY, 4)
+    assert {h.title for h in plain} == {"Solar"}  # four near-identical parts of one page
+    diverse = await stack.retriever.search(kb, QUERY, 4, mmr=True)
+    assert diverse[0].chunk_id == plain[0].chunk_id
+    assert len({h.document_id for h in diverse}) >= 3
+    assert diverse[1].title == "Rooftop modules"

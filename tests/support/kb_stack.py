@@ -1,0 +1,147 @@
+"""In-process ingestion stack on the real stores: SQLite or PostgreSQL (migrated with Alembic),
+Qdrant in local mode in a temporary folder, and the real sentence-transformers embedder."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from qdrant_client import AsyncQdrantClient
+from qdrant_client import models as qm
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from rag_stream.ingest.service import Ingestor
+from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
+from rag_stream.retrieval.retriever import Retriever
+from rag_stream.retrieval.vector_store import COLLECTION, QdrantVectorStore
+from rag_stream.settings import IngestSettings
+from rag_stream.store.db import create_db, upgrade
+from rag_stream.store.models import Chunk, Document, KnowledgeBase
+from tests.conftest import POSTGRES_URL
+
+SMALL_CHUNKS = IngestSettings(chunk_tokens=64, chunk_overlap=8)
+
+
+def postgres_database() -> Iterator[str]:
+    """A fresh database on the real PostgreSQL server, dropped afterwards."""
+    import asyncpg
+
+    name = f"rag_stream_kb_{uuid.uuid4().hex[:8]}"
+    admin = POSTGRES_URL.replace("postgresql+asyncpg", "postgresql")
+
+    async def run(sql: str) -> None:
+        conn = await asyncpg.connect(admin)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run(f'CREATE DATABASE "{name}"'))
+    try:
+        yield POSTGRES_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@dataclass
+class Stack:
+    db_engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    qdrant: AsyncQdrantClient
+    vectors: QdrantVectorStore
+    embedder: SentenceTransformerEmbedder
+    ingestor: Ingestor
+    retriever: Retriever
+
+    def another_ingestor(self, cls: type[Ingestor] = Ingestor) -> Ingestor:
+        """A second ingestor on the same stores with its own in-process locks, as a second
+        server process would have."""
+        return cls(self.sessions, self.vectors, self.embedder, SMALL_CHUNKS)
+
+    async def new_kb(self, name: str | None = None) -> str:
+        async with self.sessions() as session:
+            kb = KnowledgeBase(name=name or f"kb-{uuid.uuid4().hex[:8]}")
+            session.add(kb)
+            await session.commit()
+            return kb.id
+
+    async def point_count(self, kb_id: str) -> int:
+        flt = qm.Filter(must=[qm.FieldCondition(key="kb_id", match=qm.MatchValue(value=kb_id))])
+        return (await self.qdrant.count(COLLECTION, count_filter=flt, exact=True)).count
+
+    async def point_ids(self, kb_id: str) -> set[str]:
+        flt = qm.Filter(must=[qm.FieldCondition(key="kb_id", match=qm.MatchValue(value=kb_id))])
+        points, _ = await self.qdrant.scroll(COLLECTION, scroll_filter=flt, limit=10_000)
+        return {uuid.UUID(str(p.id)).hex for p in points}
+
+    async def row_counts(self, kb_id: str) -> tuple[int, int]:
+        async with self.sessions() as session:
+            docs = await session.scalar(
+                select(func.count(Document.id)).where(Document.kb_id == kb_id)
+            )
+            chunks = await session.scalar(select(func.count(Chunk.id)).where(Chunk.kb_id == kb_id))
+        return int(docs or 0), int(chunks or 0)
+
+    async def chunk_row_ids(self, kb_id: str) -> set[str]:
+        async with self.sessions() as session:
+            return set(await session.scalars(select(Chunk.id).where(Chunk.kb_id == kb_id)))
+
+
+async def open_stack(db_url: str, qdrant_dir: Path, embedder: SentenceTransformerEmbedder) -> Stack:
+    db_engine, sessions = create_db(db_url)
+    qdrant = AsyncQdrantClient(path=str(qdrant_dir))
+    vectors = QdrantVectorStore(qdrant)
+    await vectors.ensure(embedder.dimension)
+    return Stack(
+        db_engine,
+        sessions,
+        qdrant,
+        vectors,
+        embedder,
+        Ingestor(sessions, vectors, embedder, SMALL_CHUNKS),
+        Retriever(sessions, vectors, embedder),
+    )
+
+
+async def close_stack(stack: Stack) -> None:
+    await stack.vectors.close()
+    await stack.db_engine.dispose()
+
+
+# Fixtures, imported by the knowledge-base test modules.
+
+
+@pytest.fixture(scope="session")
+async def embedder(embedder_path: Path) -> SentenceTransformerEmbedder:
+    return await SentenceTransformerEmbedder.load(str(embedder_path))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A migrated database: a SQLite file, or a fresh database on the real PostgreSQL."""
+    if request.param == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"
+        upgrade(url)
+        yield url
+        return
+    databases = postgres_database()
+    url = next(databases)
+    upgrade(url)
+    yield url
+    databases.close()
+
+
+@pytest.fixture
+async def stack(
+    db_url: str, tmp_path: Path, embedder: SentenceTransformerEmbedder
+) -> AsyncIterator[Stack]:
+    opened = await open_stack(db_url, tmp_path / "qdrant", embedder)
+    try:
+        yield opened
+    finally:
+        await close_stack(opened)
