@@ -57,9 +57,19 @@ class Metrics:
         self.completion_tokens = Counter(
             "rag_stream_completion_tokens", "Tokens generated", registry=r
         )
+        self.kv = Gauge(
+            "rag_stream_kv",
+            "KV connector: blocks/bytes saved and loaded, lookups, hits, hit_rate, stored bytes",
+            ["stat"],
+            registry=r,
+        )
         self.active_streams = Gauge(
             "rag_stream_active_streams", "Streams this process is generating", registry=r
         )
+
+    def set_kv(self, stats: dict[str, int | float]) -> None:
+        for name, value in stats.items():
+            self.kv.labels(name).set(value)
 
     def observe_done(self, kind: str, done: Done) -> None:
         self.streams_finished.labels(kind, done.finish_reason).inc()
