@@ -34,6 +34,7 @@ from rag_stream.generation.engine import Sampling  # noqa: E402
 from rag_stream.generation.prompt import Turn, layout  # noqa: E402
 from rag_stream.settings import load_settings  # noqa: E402
 from rag_stream.store.models import Conversation, Message  # noqa: E402
+from scripts.benchstats import summary  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
 HISTORIES = (0, 512, 2048)
@@ -42,18 +43,6 @@ DOCS = [
     ("Harbour", "The harbour master keeps the tide tables. New buoys cost 400 crowns each."),
     ("Survey", "The 2024 survey found the north channel silted to two metres at low tide."),
 ]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return {
-        "p50": round(statistics.median(ordered), 1),
-        "p99": round(p99, 1),
-        "min": round(ordered[0], 1),
-        "max": round(ordered[-1], 1),
-        "n": len(ordered),
-    }
 
 
 def history_turns(tokens: int, tokenizer: Any, salt: str) -> list[Turn]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,21 +31,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scripts.benchstats import summary  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 MODELS = ROOT / ".data" / "models"
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return {
-        "p50": round(statistics.median(ordered), 2),
-        "p99": round(p99, 2),
-        "min": round(ordered[0], 2),
-        "max": round(ordered[-1], 2),
-        "n": len(ordered),
-    }
 
 
 def serve_stub(port: int) -> None:
@@ -173,7 +161,7 @@ def resume_latency(server: ServerProcess, tokens: int, trials: int) -> dict[str,
                     if line.startswith("data:"):
                         times.append((time.perf_counter() - started) * 1000)
                         break
-    return summary(times)
+    return summary(times, digits=2)
 
 
 def kill_to_first_token(data: Path, redis_url: str, trials: int) -> dict[str, Any]:
@@ -224,7 +212,7 @@ def kill_to_first_token(data: Path, redis_url: str, trials: int) -> dict[str, An
                         break
     finally:
         survivor.stop()
-    return {"kill_to_first_new_token_ms": summary(gaps) if gaps else {}, "lease_ms": 3000}
+    return {"kill_to_first_new_token_ms": summary(gaps, digits=2) if gaps else {}, "lease_ms": 3000}
 
 
 def main() -> None:

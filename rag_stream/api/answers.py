@@ -13,7 +13,8 @@ from rag_stream.errors import InvalidRequest, PayloadTooLarge
 from rag_stream.generation.prompt import layout
 from rag_stream.pipeline.answer import AnswerJob, answer_body
 from rag_stream.pipeline.generate import fit_to_window, make_sampling
-from rag_stream.schemas.answers import AnswerRequest, AnswerResponse, CitationOut
+from rag_stream.schemas.answers import AnswerRequest, AnswerResponse
+from rag_stream.schemas.events import CitationBody
 from rag_stream.store.conversations import get_conversation, history_of
 from rag_stream.store.models import new_id
 from rag_stream.store.repositories import resolve_kb
@@ -81,7 +82,7 @@ async def answer(
         conversation_id=conversation_id,
         model=engine.model_name,
         answer=result.text,
-        citations=[CitationOut(**c.model_dump(exclude={"id", "type"})) for c in result.citations],
+        citations=[CitationBody(**c.model_dump(exclude={"id", "type"})) for c in result.citations],
         finish_reason=result.done.finish_reason,
         usage=result.done.usage,
         timings=result.done.timings,

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_stream.schemas.events import Timings, Usage
+from rag_stream.schemas.events import CitationBody, Timings, Usage
 
 
 class AnswerRequest(BaseModel):
@@ -25,23 +25,12 @@ class AnswerRequest(BaseModel):
     stream: bool = True
 
 
-class CitationOut(BaseModel):
-    n: int
-    chunk_id: str
-    document_id: str
-    title: str
-    heading: str | None
-    snippet: str
-    offsets: tuple[int, int]
-    score: float
-
-
 class AnswerResponse(BaseModel):
     stream_id: str
     conversation_id: str
     model: str
     answer: str
-    citations: list[CitationOut]
+    citations: list[CitationBody]
     finish_reason: str
     usage: Usage
     timings: Timings

@@ -25,8 +25,9 @@ class StreamStarted(_Event):
     created: float
 
 
-class Citation(_Event):
-    type: Literal["citation"] = "citation"
+class CitationBody(BaseModel):
+    """What a citation says (also the citations of a non-streaming answer)."""
+
     n: int
     chunk_id: str
     document_id: str
@@ -35,6 +36,10 @@ class Citation(_Event):
     snippet: str
     offsets: tuple[int, int]
     score: float
+
+
+class Citation(_Event, CitationBody):
+    type: Literal["citation"] = "citation"
 
 
 class Token(_Event):

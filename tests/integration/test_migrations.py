@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from rag_stream.store.db import alembic_config, upgrade
 from rag_stream.store.models import Base
-from tests.conftest import POSTGRES_URL
+from tests.support.pg import postgres_database
 
 
 def _tables(url: str) -> set[str]:
@@ -31,23 +30,7 @@ def _tables(url: str) -> set[str]:
 @pytest.fixture
 def postgres_db() -> Iterator[str]:
     """A fresh database on the real PostgreSQL server, dropped afterwards."""
-    import asyncpg
-
-    name = f"rag_stream_test_{uuid.uuid4().hex[:8]}"
-    admin = POSTGRES_URL.replace("postgresql+asyncpg", "postgresql")
-
-    async def run(sql: str) -> None:
-        conn = await asyncpg.connect(admin)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(f'CREATE DATABASE "{name}"'))
-    try:
-        yield POSTGRES_URL.rsplit("/", 1)[0] + "/" + name
-    finally:
-        asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    yield from postgres_database("rag_stream_migrations")
 
 
 def _check_round_trip(url: str) -> None:

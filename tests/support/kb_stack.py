@@ -3,7 +3,6 @@ Qdrant in local mode in a temporary folder, and the real sentence-transformers e
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -22,30 +21,14 @@ from rag_stream.retrieval.vector_store import COLLECTION, QdrantVectorStore
 from rag_stream.settings import IngestSettings
 from rag_stream.store.db import create_db, upgrade
 from rag_stream.store.models import Chunk, Document, KnowledgeBase
-from tests.conftest import POSTGRES_URL
+from tests.support.pg import postgres_database as fresh_database
 
 SMALL_CHUNKS = IngestSettings(chunk_tokens=64, chunk_overlap=8)
 
 
 def postgres_database() -> Iterator[str]:
     """A fresh database on the real PostgreSQL server, dropped afterwards."""
-    import asyncpg
-
-    name = f"rag_stream_kb_{uuid.uuid4().hex[:8]}"
-    admin = POSTGRES_URL.replace("postgresql+asyncpg", "postgresql")
-
-    async def run(sql: str) -> None:
-        conn = await asyncpg.connect(admin)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(f'CREATE DATABASE "{name}"'))
-    try:
-        yield POSTGRES_URL.rsplit("/", 1)[0] + "/" + name
-    finally:
-        asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    yield from fresh_database("rag_stream_kb")
 
 
 @dataclass
