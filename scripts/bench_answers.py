@@ -169,7 +169,8 @@ def run_variant(
                     conv = seed_conversation(db_url, kb["id"], turns)
                     body = {
                         "kb": kb_name,
-                        "question": "What do new buoys cost?",
+                        # unique per trial: no trial may reuse another's cached blocks
+                        "question": f"Trial {uuid.uuid4().hex[:6]}: what do new buoys cost?",
                         "conversation_id": conv,
                         "max_tokens": 1,
                     }

@@ -92,7 +92,11 @@ def default_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("default-data")
 
 
-@pytest.fixture(scope="session")
-def default_server(server_factory: ServerFactory, default_data_dir: Path) -> ServerProcess:
+@pytest.fixture(scope="module")
+def default_server(
+    server_factory: ServerFactory, default_data_dir: Path
+) -> Iterator[ServerProcess]:
     """The default profile with no URLs: SmolLM2, embedded Redis, SQLite, local Qdrant."""
-    return server_factory(RAG_STREAM_PROFILE="default", data_dir=default_data_dir)
+    server = server_factory(RAG_STREAM_PROFILE="default", data_dir=default_data_dir)
+    yield server
+    server.stop()  # engines hold ~3 GB each: free it for the next module

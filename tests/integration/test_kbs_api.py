@@ -24,9 +24,9 @@ NOTES = (
 )
 
 
-@pytest.fixture(scope="session")
-def kb_server(server_factory: ServerFactory, tiny_model: Path) -> ServerProcess:
-    return server_factory(
+@pytest.fixture(scope="module")
+def kb_server(server_factory: ServerFactory, tiny_model: Path) -> Iterator[ServerProcess]:
+    server = server_factory(
         RAG_STREAM_MODEL=str(tiny_model),
         RAG_STREAM_REDIS_URL=REDIS_URL,
         RAG_STREAM_INGEST__SAMPLE_KB="true",
@@ -34,6 +34,8 @@ def kb_server(server_factory: ServerFactory, tiny_model: Path) -> ServerProcess:
         RAG_STREAM_INGEST__CHUNK_TOKENS="64",
         RAG_STREAM_INGEST__CHUNK_OVERLAP="8",
     )
+    yield server
+    server.stop()  # each engine holds ~3 GB: free it for the next module
 
 
 @pytest.fixture

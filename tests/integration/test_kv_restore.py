@@ -191,8 +191,15 @@ def scenario(
     private.start()
     private_client = redis.Redis.from_url(private.url)
 
+    engines: list[ProbeProcess] = []
+
     def probe(name: str, model: Path, *extra: str) -> ProbeProcess:
-        return ProbeProcess(["--model", str(model), *extra], str(logs / f"{name}.log"))
+        # one engine at a time: each costs ~3 GB, and the suite's servers are alive too
+        for running in engines:
+            running.close()
+        engine = ProbeProcess(["--model", str(model), *extra], str(logs / f"{name}.log"))
+        engines.append(engine)
+        return engine
 
     on = ("--kv-url", REDIS_URL, "--kv-prefix", kv_prefix)
     prompts = {f"len{n}": make_prompt(n, n) for n in LENGTHS}
@@ -204,16 +211,11 @@ def scenario(
     kv_json = transfer_config_json(
         load_settings(kv={"enabled": True, "redis_url": REDIS_URL, "key_prefix": kv_prefix})
     )
-    # Start every engine at once (start-up dominates); B, S and D are still fresh engines:
-    # none has seen a prompt before its first request, which comes after A has saved.
-    a = probe("A", tiny_model, *on)
-    c = probe("C", tiny_model)
-    b = probe("B", tiny_model, *on, "--kv-extra", '{"test_evict_request_prefix": "evict-"}')
-    s = probe("S", smollm2_path, *on)
-    d = probe("D", tiny_model, "--kv-url", private.url, "--kv-prefix", "d", "--no-prefix-caching")
-    engines = [a, c, b, s, d]
-    server = ApiServer(tiny_model, kv_json, logs / "api_server.log")
+    # Engines start one after another, each fresh: none has seen a prompt before its first
+    # request, which comes after A has saved.
+    server: ApiServer | None = None
     try:
+        a = probe("A", tiny_model, *on)
         a.wait_ready()
         for name in ("len300", "len600", "len1100", "evict"):
             out[f"A:{name}"] = a.generate(f"a-{name}", prompts[name], GEN)
@@ -228,8 +230,9 @@ def scenario(
         wait_for(lambda: stats(shared, kv_prefix).get("blocks_saved", 0) >= saved)
         time.sleep(1)  # let any unexpected extra write land before counting
         out["A:stats"] = stats(shared, kv_prefix)
-        a.quit()
+        a.close()
 
+        server = ApiServer(tiny_model, kv_json, logs / "api_server.log")
         server.wait_ready()
         out["server:len600"] = server.complete(prompts["len600"], GEN)
         before = stats(shared, kv_prefix)["blocks_saved"]
@@ -238,12 +241,12 @@ def scenario(
         out["server:saved"] = stats(shared, kv_prefix)["blocks_saved"] - before
         server.stop()
 
+        c = probe("C", tiny_model)
         c.wait_ready()
         for name, ids in prompts.items():
             max_tokens = 200 - 190 if name == "takeover" else GEN
             out[f"C:{name}"] = c.generate(f"c-{name}", ids, max_tokens)
-        c.quit()
-
+        b = probe("B", tiny_model, *on, "--kv-extra", '{"test_evict_request_prefix": "evict-"}')
         b.wait_ready()
         for name in ("len300", "len600", "len1100", "server"):
             out[f"B:{name}"] = b.generate(f"b-{name}", prompts[name], GEN)
@@ -252,15 +255,15 @@ def scenario(
         out["B:evict"] = b.generate("evict-1", prompts["evict"], GEN)
         wait_for(lambda: stats(shared, kv_prefix).get("load_failures", 0) > failures)
         out["B:stats"] = stats(shared, kv_prefix)
-        b.quit()
-
+        s = probe("S", smollm2_path, *on)
         s.wait_ready()
         hits = stats(shared, kv_prefix).get("hit_blocks", 0)
         out["S:len600"] = s.generate("s-len600", prompts["len600"], GEN)
         out["S:new_hits"] = stats(shared, kv_prefix).get("hit_blocks", 0) - hits
         out["S:tiny_keys_left"] = sum(1 for _ in shared.scan_iter(f"{kv_prefix}:*", count=1000))
-        s.quit()
-
+        d = probe(
+            "D", tiny_model, "--kv-url", private.url, "--kv-prefix", "d", "--no-prefix-caching"
+        )
         d.wait_ready()
         out["D:up"] = d.generate("d-1", prompts["down"], GEN)
         wait_for(lambda: stats(private_client, "d").get("blocks_saved", 0) > 0)
@@ -272,9 +275,8 @@ def scenario(
         wait_for(lambda: stats(private_client, "d").get("blocks_saved", 0) > 0)
         out["D:restored"] = d.generate("d-4", prompts["down"], GEN)
     finally:
-        server.stop()
-        for engine in engines:
-            engine.quit()
+        if server is not None:
+            server.stop()
         for engine in engines:
             engine.close()
         private.stop()

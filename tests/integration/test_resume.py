@@ -28,9 +28,11 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def server_b(server_factory: ServerFactory, tiny_model: Path) -> ServerProcess:
+def server_b(server_factory: ServerFactory, tiny_model: Path) -> Iterator[ServerProcess]:
     """A second process on the same Redis: any process can serve any reader."""
-    return server_factory(RAG_STREAM_MODEL=str(tiny_model), RAG_STREAM_REDIS_URL=REDIS_URL)
+    server = server_factory(RAG_STREAM_MODEL=str(tiny_model), RAG_STREAM_REDIS_URL=REDIS_URL)
+    yield server
+    server.stop()
 
 
 def _greedy(server: ServerProcess, prompt: str, max_tokens: int) -> dict[str, object]:
