@@ -48,6 +48,29 @@ class StreamMeta:
     lease_owner: str | None
     last_event_id: int
 
+    @classmethod
+    def from_fields(
+        cls,
+        stream_id: str,
+        fields: dict[str, str],
+        plan: dict[str, Any] | None,
+        lease_owner: str | None,
+        last_event_id: int,
+    ) -> StreamMeta:
+        """Build from the string fields of the meta hash (the same in every log)."""
+        return cls(
+            stream_id=stream_id,
+            status=fields.get("status", "running"),
+            model=fields.get("model", ""),
+            kind=fields.get("kind", "generate"),
+            created=float(fields.get("created", "0")),
+            plan=plan,
+            finish_reason=fields.get("finish_reason"),
+            cancel=fields.get("cancel") == "1",
+            lease_owner=lease_owner,
+            last_event_id=last_event_id,
+        )
+
 
 class EventLog(Protocol):
     async def create(
@@ -135,6 +158,14 @@ def _entry_id(event_id: int) -> str:
     return f"{event_id + 1}-0"
 
 
+def _entry_args(events: Sequence[Event]) -> list[str | int]:
+    """(entry id, event JSON) pairs, the tail of the append and finish scripts' arguments."""
+    args: list[str | int] = []
+    for event in events:
+        args += [_entry_id(event.id), event.model_dump_json()]
+    return args
+
+
 def _event_id(entry_id: bytes | str) -> int:
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     return int(text.split("-", 1)[0]) - 1
@@ -182,8 +213,7 @@ class RedisEventLog:
         self, stream_id: str, owner: str, events: Sequence[Event], lease_ms: int
     ) -> AppendResult:
         args: list[str | int] = [owner, lease_ms]
-        for event in events:
-            args += [_entry_id(event.id), event.model_dump_json()]
+        args += _entry_args(events)
         owned, cancel, seen = await self._append(keys=list(self._keys(stream_id)), args=args)
         return AppendResult(bool(owned), bool(cancel), int(seen))
 
@@ -210,17 +240,12 @@ class RedisEventLog:
             return None
         fields = {k.decode(): v.decode() for k, v in raw.items()}
         plan = json.loads(fields["plan"]) if "plan" in fields else None
-        return StreamMeta(
-            stream_id=stream_id,
-            status=fields.get("status", "running"),
-            model=fields.get("model", ""),
-            kind=fields.get("kind", "generate"),
-            created=float(fields.get("created", "0")),
-            plan=plan,
-            finish_reason=fields.get("finish_reason"),
-            cancel=fields.get("cancel") == "1",
-            lease_owner=owner.decode() if owner else None,
-            last_event_id=_event_id(last[0][0]) if last else -1,
+        return StreamMeta.from_fields(
+            stream_id,
+            fields,
+            plan,
+            owner.decode() if owner else None,
+            _event_id(last[0][0]) if last else -1,
         )
 
     async def set_plan(self, stream_id: str, plan: dict[str, Any]) -> None:
@@ -237,8 +262,7 @@ class RedisEventLog:
     ) -> bool:
         log, meta_key, lease = self._keys(stream_id)
         args: list[str | int] = [owner, status, finish_reason, retention_s, stream_id]
-        for event in events:
-            args += [_entry_id(event.id), event.model_dump_json()]
+        args += _entry_args(events)
         done = await self._finish(keys=[meta_key, lease, self._active, log], args=args)
         return bool(done)
 

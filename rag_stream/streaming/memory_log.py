@@ -76,17 +76,8 @@ class MemoryEventLog:
         s = self._streams.get(stream_id)
         if s is None:
             return None
-        return StreamMeta(
-            stream_id=stream_id,
-            status=s.meta["status"],
-            model=s.meta.get("model", ""),
-            kind=s.meta.get("kind", "generate"),
-            created=float(s.meta.get("created", "0")),
-            plan=s.plan,
-            finish_reason=s.meta.get("finish_reason"),
-            cancel=s.meta.get("cancel") == "1",
-            lease_owner=s.holder(),
-            last_event_id=s.events[-1].id if s.events else -1,
+        return StreamMeta.from_fields(
+            stream_id, s.meta, s.plan, s.holder(), s.events[-1].id if s.events else -1
         )
 
     async def set_plan(self, stream_id: str, plan: dict[str, Any]) -> None:
