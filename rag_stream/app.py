@@ -1,4 +1,9 @@
-"""create_app(settings): the only place that wires long-lived clients together."""
+"""create_app(settings): the only place that wires long-lived clients together.
+
+The lifespan opens each client in order and registers its closing on one exit stack, so a
+failure at any step (say, the local Qdrant folder locked by another process) closes everything
+opened before it, the embedded redis-server included.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,12 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from redis.asyncio import Redis
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rag_stream.api import (
@@ -28,12 +34,12 @@ from rag_stream.api import (
 from rag_stream.api import metrics as metrics_api
 from rag_stream.errors import RagStreamError
 from rag_stream.generation.engine import Engine
+from rag_stream.generation.slot import EngineSlot
 from rag_stream.ingest.sample_kb import start_sample_kb
 from rag_stream.ingest.service import Ingestor
 from rag_stream.metrics import Metrics
-from rag_stream.pipeline.answer import make_answer_finalizer
-from rag_stream.pipeline.context import Finalizer
-from rag_stream.pipeline.generate import make_generate_finalizer
+from rag_stream.pipeline.answer import AnswerKind
+from rag_stream.pipeline.generate import GenerateKind
 from rag_stream.resources import Resources
 from rag_stream.retrieval.embedder import Embedder, SentenceTransformerEmbedder
 from rag_stream.retrieval.retriever import Retriever
@@ -41,11 +47,11 @@ from rag_stream.retrieval.vector_store import QdrantVectorStore
 from rag_stream.settings import Settings
 from rag_stream.store.db import create_db
 from rag_stream.streaming.event_log import EventLog, RedisEventLog
-from rag_stream.streaming.manager import StreamManager
 from rag_stream.streaming.memory_log import MemoryEventLog
 from rag_stream.streaming.redis_conn import open_redis
+from rag_stream.streaming.service import Streams
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[[Settings], Awaitable[Engine]]
 EmbedderFactory = Callable[[Settings], Awaitable[Embedder]]
@@ -54,13 +60,24 @@ EmbedderFactory = Callable[[Settings], Awaitable[Embedder]]
 async def _vllm_engine(settings: Settings) -> Engine:
     from rag_stream.generation.vllm_engine import VLLMEngine
 
-    return await VLLMEngine.start(settings)
+    if not settings.kv.enabled:
+        return await VLLMEngine.start(settings)
+    from rag_stream.kv.config import transfer_config  # the KV connector, loaded by vLLM
+
+    return await VLLMEngine.start(settings, kv_transfer_config=transfer_config(settings))
 
 
 async def _st_embedder(settings: Settings) -> Embedder:
     return await SentenceTransformerEmbedder.load(
         settings.resolved_embedder, batch_size=settings.ingest.embed_batch_size
     )
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 
 def create_app(
@@ -70,76 +87,80 @@ def create_app(
     embedder_factory: EmbedderFactory = _st_embedder,
     exit_on_engine_failure: bool = True,
 ) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = await open_redis(settings)
-        db_engine, sessions = create_db(settings.resolved_database_url)
-        vectors = QdrantVectorStore.from_settings(settings)
-        engine_task: asyncio.Task[None] | None = None
-        sample_task: asyncio.Task[None] | None = None
-        resources: Resources | None = None
+    metrics = Metrics()
+
+    async def load_engine(engines: EngineSlot) -> None:
         try:
-            embedder = await embedder_factory(settings)
-            await vectors.ensure(embedder.dimension)
-            retriever = Retriever(sessions, vectors, embedder)
-            event_log: EventLog = (
-                RedisEventLog(redis.client, prefix=settings.streaming.key_prefix)
-                if settings.streaming.checkpoint
-                else MemoryEventLog()
-            )
-            finalizers: dict[str, Finalizer] = {
-                "generate": make_generate_finalizer(sessions, metrics),
-                "answer": make_answer_finalizer(sessions, metrics),
-            }
-
-            async def engine_when_ready() -> Engine:
-                assert resources is not None
-                return await resources.wait_engine()
-
-            stream_manager = StreamManager(
-                event_log, settings.streaming, engine_when_ready, finalizers
-            )
-            metrics.active_streams.set_function(lambda: stream_manager.active)
-            resources = Resources(
-                settings, redis, db_engine, sessions, vectors, embedder, retriever, stream_manager
-            )
-            app.state.resources = resources
-            ingestor = Ingestor(sessions, vectors, embedder, settings.ingest)
-            app.state.ingestor = ingestor
-            sample_task = start_sample_kb(settings, sessions, ingestor)
-            # The engine loads in the background so /healthz and /readyz answer meanwhile.
-            engine_task = asyncio.create_task(_start_engine(resources))
-            stream_manager.start_sweeper()
-            yield
-        finally:
-            if sample_task is not None:
-                sample_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await sample_task
-            if resources is not None:
-                await resources.streams.close()
-            if engine_task is not None:
-                engine_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await engine_task
-            if resources is not None and resources.engine_ready.is_set():
-                await resources.engine.close()
-            await vectors.close()
-            await db_engine.dispose()
-            await redis.close()
-
-    async def _start_engine(resources: Resources) -> None:
-        try:
-            resources.set_engine(await engine_factory(settings))
+            engines.set(await engine_factory(settings))
         except Exception as exc:
-            resources.engine_error = str(exc)
-            log.error("engine: failed to start: %s", exc)
+            engines.fail(str(exc))
+            logger.error("engine: failed to start: %s", exc)
             if exit_on_engine_failure:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    metrics = Metrics()
+    async def close_engine(engines: EngineSlot, loading: asyncio.Task[None]) -> None:
+        await _cancel(loading)
+        if engines.loaded is not None:
+            await engines.loaded.close()
+
+    async def open_resources(stack: AsyncExitStack) -> Resources:
+        redis = await open_redis(settings)
+        stack.push_async_callback(redis.close)
+        db_engine, sessions = create_db(settings.resolved_database_url)
+        stack.push_async_callback(db_engine.dispose)
+        vectors = QdrantVectorStore.from_settings(settings)
+        stack.push_async_callback(vectors.close)
+        kv_redis = _kv_stats_client(settings, redis.client)
+        if kv_redis is not None and kv_redis is not redis.client:
+            stack.push_async_callback(kv_redis.aclose)
+        # The engine loads in the background so /healthz and /readyz answer meanwhile.
+        engines = EngineSlot()
+        loading = asyncio.create_task(load_engine(engines), name="engine-load")
+        stack.push_async_callback(close_engine, engines, loading)
+
+        embedder = await embedder_factory(settings)
+        await vectors.ensure(embedder.dimension)
+        retriever = Retriever(sessions, vectors, embedder)
+        ingestor = Ingestor(sessions, vectors, embedder, settings.ingest)
+        event_log: EventLog = (
+            RedisEventLog(redis.client, prefix=settings.streaming.key_prefix)
+            if settings.streaming.checkpoint
+            else MemoryEventLog()
+        )
+        generation = GenerateKind(engines, sessions, metrics, settings.limits)
+        answers = AnswerKind(
+            engines, sessions, retriever, metrics, settings.answers, settings.limits
+        )
+        streams = Streams(event_log, settings.streaming, [generation, answers])
+        stack.push_async_callback(streams.close)  # before the engine closes
+        metrics.active_streams.set_function(lambda: streams.active)
+        sample = start_sample_kb(settings, sessions, ingestor)
+        stack.push_async_callback(_cancel, sample)
+        streams.start_sweeper()
+        return Resources(
+            settings=settings,
+            metrics=metrics,
+            redis=redis,
+            kv_redis=kv_redis,
+            db_engine=db_engine,
+            sessions=sessions,
+            vectors=vectors,
+            embedder=embedder,
+            retriever=retriever,
+            ingestor=ingestor,
+            engines=engines,
+            streams=streams,
+            answers=answers,
+            generation=generation,
+        )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            app.state.resources = await open_resources(stack)
+            yield
+
     app = FastAPI(title="rag-stream", version="0.1.0", lifespan=lifespan)
-    app.state.metrics = metrics
 
     @app.middleware("http")
     async def count_requests(
@@ -151,17 +172,31 @@ def create_app(
         metrics.requests.labels(path, request.method, str(response.status_code)).inc()
         return response
 
-    app.include_router(health.router)
-    app.include_router(generate.router)
-    app.include_router(streams.router)
-    app.include_router(answers.router)
-    app.include_router(conversations.router)
-    app.include_router(metrics_api.router)
-    app.include_router(kbs.router)
-    app.include_router(documents.router)
-    app.include_router(search.router)
+    for module in (
+        health,
+        generate,
+        streams,
+        answers,
+        conversations,
+        metrics_api,
+        kbs,
+        documents,
+        search,
+    ):
+        app.include_router(module.router)
     _install_error_handlers(app)
     return app
+
+
+def _kv_stats_client(settings: Settings, service_redis: Redis) -> Redis | None:
+    """Where /metrics reads the KV connector's counters: the service's Redis, or one client to
+    the connector's own Redis, made once (not per scrape)."""
+    kv = settings.kv
+    if not kv.enabled:
+        return None
+    if kv.redis_url is None or kv.redis_url == settings.redis_url:
+        return service_redis
+    return Redis.from_url(kv.redis_url, socket_connect_timeout=3)
 
 
 def _error(status: int, code: str, message: str, **extra: object) -> JSONResponse:
@@ -172,7 +207,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RagStreamError)
     async def _domain(_: Request, exc: RagStreamError) -> JSONResponse:
         if exc.status_code >= 500 and exc.status_code != 503:
-            log.error("request failed: %s", exc.message)
+            logger.error("request failed: %s", exc.message)
         return _error(exc.status_code, exc.code, exc.message)
 
     @app.exception_handler(RequestValidationError)
@@ -190,5 +225,5 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", exc_info=exc)
+        logger.exception("unhandled error", exc_info=exc)
         return _error(500, "internal_error", "internal error; see the server log")

@@ -2,6 +2,7 @@
 
 RagStreamError                      500 internal_error
 ├── ConfigError                     (start-up only; printed as one line, never served)
+├── IncompatiblePlan                500 incompatible_plan (a stream saved by another version)
 ├── InvalidRequest                  422 invalid_request
 ├── NotFound                        404 not_found
 ├── Conflict                        409 conflict
@@ -30,6 +31,10 @@ class RagStreamError(Exception):
 
 class ConfigError(RagStreamError):
     code = "config_error"
+
+
+class IncompatiblePlan(RagStreamError):
+    code = "incompatible_plan"
 
 
 class InvalidRequest(RagStreamError):

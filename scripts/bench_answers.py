@@ -5,7 +5,7 @@ In one run, sequentially (2 cores: nothing else runs meanwhile):
       identical prompt token ids;
   (b) TTFT with overlap on vs off at conversation histories of 0, 512 and 2048 tokens, and the
       time to the first `citation` event;
-  (c) the same with retrieval made 100 ms slower (answers.retrieval_delay_ms).
+  (c) the same with retrieval made 100 ms slower (scripts/serve_slow_retrieval.py).
 Every trial uses a fresh conversation, so no trial reuses another's prefix-cache blocks.
 
     .venv/bin/python scripts/bench_answers.py --trials 5 --out docs/bench/answers.json
@@ -126,7 +126,7 @@ def timed_answer(client: httpx.Client, body: dict[str, Any]) -> dict[str, float]
     }
 
 
-def start_server(data: Path, **env: str) -> ServerProcess:
+def start_server(data: Path, delay_ms: int = 0, **env: str) -> ServerProcess:
     data.mkdir(parents=True, exist_ok=True)
     log = data / f"server-{uuid.uuid4().hex[:6]}.log"
     server = ServerProcess(
@@ -137,9 +137,11 @@ def start_server(data: Path, **env: str) -> ServerProcess:
             "RAG_STREAM_INGEST__SAMPLE_KB": "false",
             "RAG_STREAM_ANSWERS__HISTORY_BUDGET_TOKENS": "3000",
             "RAG_STREAM_LOG_LEVEL": "warning",
+            "SLOW_RETRIEVAL_MS": str(delay_ms),
             **env,
         },
         log,
+        command=[sys.executable, str(ROOT / "scripts" / "serve_slow_retrieval.py")],
     )
     server.wait_ready()
     return server
@@ -148,11 +150,7 @@ def start_server(data: Path, **env: str) -> ServerProcess:
 def run_variant(
     data: Path, trials: int, tokenizer: Any, overlap: bool, delay_ms: int
 ) -> dict[str, Any]:
-    server = start_server(
-        data,
-        RAG_STREAM_ANSWERS__OVERLAP=str(overlap).lower(),
-        RAG_STREAM_ANSWERS__RETRIEVAL_DELAY_MS=str(delay_ms),
-    )
+    server = start_server(data, delay_ms, RAG_STREAM_ANSWERS__OVERLAP=str(overlap).lower())
     try:
         with httpx.Client(base_url=server.url, timeout=600) as client:
             kb_name = f"bench-{uuid.uuid4().hex[:6]}"

@@ -33,8 +33,10 @@ import numpy as np
 from qdrant_client import AsyncQdrantClient
 from sqlalchemy import insert, select
 
+from rag_stream.ingest.documents import DocumentDraft
 from rag_stream.ingest.parsing import parse_markdown
-from rag_stream.ingest.service import DocumentDraft, Ingestor, IngestResult
+from rag_stream.ingest.service import Ingestor
+from rag_stream.ingest.writer import IngestResult
 from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import QdrantVectorStore, VectorPoint

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,7 +61,15 @@ def server_factory(
     """Start real `rag-stream serve` processes; all are stopped at the end of the session."""
     started: list[ServerProcess] = []
 
-    def start(*, wait: bool = True, data_dir: Path | None = None, **env: str) -> ServerProcess:
+    def start(
+        *,
+        wait: bool = True,
+        data_dir: Path | None = None,
+        stub_delay_s: float | None = None,
+        **env: str,
+    ) -> ServerProcess:
+        """A server process; with ``stub_delay_s``, on the stub engine paced at that many
+        seconds per token (tests where timing is the point), else on vLLM."""
         data = data_dir or tmp_path_factory.mktemp("data")
         base = {
             "RAG_STREAM_PROFILE": "test",
@@ -69,8 +78,12 @@ def server_factory(
             "RAG_STREAM_DATA_DIR": str(data),
             "RAG_STREAM_MODELS_DIR": str(models_dir),
         }
+        command = None
+        if stub_delay_s is not None:
+            base["STUB_TOKEN_DELAY_S"] = str(stub_delay_s)
+            command = [sys.executable, "-m", "tests.support.stub_server"]
         log = tmp_path_factory.mktemp("logs") / f"server-{uuid.uuid4().hex[:6]}.log"
-        server = ServerProcess({**base, **env}, log)
+        server = ServerProcess({**base, **env}, log, command=command)
         started.append(server)
         if wait:
             server.wait_ready()
@@ -85,6 +98,20 @@ def server_factory(
 def tiny_server(server_factory: ServerFactory, tiny_model: Path) -> ServerProcess:
     """One server on the tiny model and the real local Redis, shared by protocol tests."""
     return server_factory(RAG_STREAM_MODEL=str(tiny_model), RAG_STREAM_REDIS_URL=REDIS_URL)
+
+
+STUB_DELAY_S = 0.005  # 200 tokens a second on any machine
+
+
+@pytest.fixture(scope="session")
+def stub_server(server_factory: ServerFactory) -> ServerProcess:
+    """The real service on the paced stub engine and the real local Redis: for protocol tests
+    whose point is timing (a stream still running when the client leaves, say)."""
+    return server_factory(
+        stub_delay_s=STUB_DELAY_S,
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        RAG_STREAM_LIMITS__MAX_TOKENS="4000",
+    )
 
 
 @pytest.fixture(scope="session")

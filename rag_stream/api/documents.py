@@ -10,12 +10,11 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
-from rag_stream.api.deps import SessionDep, SettingsDep
-from rag_stream.api.ingest_deps import IngestorDep
+from rag_stream.api.deps import IngestorDep, SessionDep, SettingsDep
 from rag_stream.api.uploads import metadata_field, read_body, read_upload
 from rag_stream.errors import UnsupportedMediaType
+from rag_stream.ingest.documents import DocumentDraft, parse_upload
 from rag_stream.ingest.parsing import parse_text
-from rag_stream.ingest.service import DocumentDraft, parse_upload
 from rag_stream.schemas.kbs import (
     ChunkOut,
     DocumentCreate,
@@ -98,12 +97,10 @@ async def upload_document(
     kb: str,
     request: Request,
     response: Response,
-    session: SessionDep,
     settings: SettingsDep,
     ingestor: IngestorDep,
 ) -> IngestOut:
-    found = await repo.resolve_kb(session, kb)
-    await session.close()
+    found = await ingestor.resolve_kb(kb)  # an unknown kb is a 404 before the body is read
     draft = await _draft(request, settings.ingest.max_upload_bytes)
     result = await ingestor.ingest(found.id, draft)
     if not result.created:
@@ -157,10 +154,6 @@ async def get_document(
 
 
 @router.delete("/{doc}", status_code=204)
-async def delete_document(
-    kb: str, doc: str, session: SessionDep, ingestor: IngestorDep
-) -> Response:
-    found = await repo.resolve_kb(session, kb)
-    await session.close()
-    await ingestor.delete_document(found.id, doc)
+async def delete_document(kb: str, doc: str, ingestor: IngestorDep) -> Response:
+    await ingestor.delete_document(kb, doc)
     return Response(status_code=204)

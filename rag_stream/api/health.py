@@ -18,7 +18,7 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(resources: ResourcesDep) -> JSONResponse:
-    checks: dict[str, str] = {"engine": resources.engine_state}
+    checks: dict[str, str] = {"engine": resources.engines.state}
     try:
         await resources.redis.client.ping()
         checks["redis"] = "ok"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from rag_stream.api.deps import SessionDep
-from rag_stream.api.ingest_deps import IngestorDep
+from rag_stream.api.deps import IngestorDep, SessionDep
 from rag_stream.schemas.kbs import KbCreate, KbList, KbOut
 from rag_stream.store import repositories as repo
 from rag_stream.store.repositories import KbStats
@@ -44,8 +43,6 @@ async def get_kb(kb: str, session: SessionDep) -> KbOut:
 
 
 @router.delete("/{kb}", status_code=204)
-async def delete_kb(kb: str, session: SessionDep, ingestor: IngestorDep) -> Response:
-    found = await repo.resolve_kb(session, kb)
-    await session.close()  # the ingestor deletes in its own session
-    await ingestor.delete_kb(found.id)
+async def delete_kb(kb: str, ingestor: IngestorDep) -> Response:
+    await ingestor.delete_kb(kb)
     return Response(status_code=204)

@@ -6,23 +6,17 @@ import time
 
 from fastapi import APIRouter
 
-from rag_stream.api.deps import SessionDep
-from rag_stream.api.ingest_deps import RetrieverDep
+from rag_stream.api.deps import RetrieverDep
 from rag_stream.schemas.kbs import SearchRequest, SearchResponse, SearchResult
-from rag_stream.store.repositories import resolve_kb
 
 router = APIRouter(prefix="/v1/kbs", tags=["search"])
 
 
 @router.post("/{kb}/search")
-async def search(
-    kb: str, body: SearchRequest, session: SessionDep, retriever: RetrieverDep
-) -> SearchResponse:
+async def search(kb: str, body: SearchRequest, retriever: RetrieverDep) -> SearchResponse:
     began = time.perf_counter()
-    found = await resolve_kb(session, kb)
-    await session.close()
     hits = await retriever.search(
-        found.id,
+        await retriever.kb_id(kb),
         body.query,
         body.top_k,
         meta_filter=body.filter,

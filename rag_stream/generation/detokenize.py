@@ -34,10 +34,6 @@ class Detokenizer:
         self._read = len(self._ids)
         self._prefix = max(0, self._read - 6)
 
-    @property
-    def emitted(self) -> int:
-        return self._read
-
     def _window_text(self, end: int) -> str:
         return self._tok.decode(self._ids[self._prefix : end], skip_special_tokens=True)
 

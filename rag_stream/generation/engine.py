@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+from rag_stream.schemas.events import FinishReason
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,6 @@ class EngineStep:
     prompt_tokens: int
     cached_tokens: int
     finish_reason: FinishReason | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 class Tokenizer(Protocol):

@@ -41,7 +41,6 @@ class Source:
 class PromptLayout:
     stable_ids: list[int]
     tail_template: str  # text after the sources (closes the user turn, opens the answer)
-    history_turns: int  # how many turns of history made it under the budget
 
     def full_ids(self, engine: Engine, sources: Sequence[Source]) -> list[int]:
         tail = format_sources(sources) + self.tail_template
@@ -85,6 +84,6 @@ def layout(
         head, tail = _render(engine, kept, question)
         ids = engine.tokenizer.encode(head, add_special_tokens=False)
         if len(ids) - bare <= history_budget:
-            return PromptLayout(ids, tail, len(kept))
+            return PromptLayout(ids, tail)
         kept = kept[2:]
-    return PromptLayout(engine.tokenizer.encode(bare_head, add_special_tokens=False), tail, 0)
+    return PromptLayout(engine.tokenizer.encode(bare_head, add_special_tokens=False), tail)

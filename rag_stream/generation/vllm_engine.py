@@ -15,7 +15,8 @@ from typing import Any, cast
 import anyio
 
 from rag_stream.errors import EngineUnavailable
-from rag_stream.generation.engine import EngineStep, FinishReason, Sampling, Tokenizer
+from rag_stream.generation.engine import EngineStep, Sampling, Tokenizer
+from rag_stream.schemas.events import FinishReason
 from rag_stream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,6 @@ class VLLMEngine:
             from vllm.v1.engine.async_llm import AsyncLLM
 
             cfg = settings.engine
-            if settings.kv.enabled and "kv_transfer_config" not in engine_overrides:
-                from rag_stream.kv.config import transfer_config
-
-                engine_overrides["kv_transfer_config"] = transfer_config(settings)
             args = AsyncEngineArgs(
                 model=model,
                 dtype=settings.dtype,

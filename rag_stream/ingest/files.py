@@ -17,14 +17,10 @@ from rag_stream.errors import (
     RagStreamError,
     UnsupportedMediaType,
 )
+from rag_stream.ingest.documents import DocumentDraft, parse_upload
 from rag_stream.ingest.parsing import SUPPORTED_SUFFIXES
-from rag_stream.ingest.service import (
-    DocumentDraft,
-    Ingestor,
-    IngestResult,
-    Outcome,
-    parse_upload,
-)
+from rag_stream.ingest.service import Ingestor
+from rag_stream.ingest.writer import IngestResult, Outcome
 from rag_stream.store import repositories as repo
 from rag_stream.store.models import KnowledgeBase
 

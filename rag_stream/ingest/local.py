@@ -15,7 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.errors import ConfigError
 from rag_stream.ingest.files import IngestSummary, collect_files, ensure_kb, ingest_files
-from rag_stream.ingest.service import Ingestor, IngestResult
+from rag_stream.ingest.service import Ingestor
+from rag_stream.ingest.writer import IngestResult
 from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
 from rag_stream.retrieval.retriever import Retriever, SearchHit
 from rag_stream.retrieval.vector_store import QdrantVectorStore

@@ -1,72 +1,75 @@
-"""Answers: retrieval overlapped with the prefill of the stable prompt, citations, then tokens.
+"""The ``answer`` kind: a question on a knowledge base; citations first, then answer tokens.
 
-1. The whole KV blocks of the stable part of the prompt (system, history, question) go to the
-   engine as a prefill-only request (``max_tokens=1``) while the question is embedded and
-   searched, so they are in the prefix cache when the full prompt arrives (``cached_tokens`` in
-   ``done``). Skipped when the stable part is shorter than one block or top_k is 0.
-2. Sources that do not fit the context window are dropped lowest score first.
-3. One ``citation`` event per source, then the plan (prompt token ids) is saved for takeover,
-   then the token phase.
+1. ``accept`` checks the request, loads the conversation's history and lays out the prompt with
+   its stable part (system prompt, history, question) first.
+2. The first run retrieves while the engine prefills that stable part (``sources.py``), sends one
+   ``citation`` per source as soon as they are known, saves the plan (prompt token ids and what
+   the finisher needs), then runs the token phase.
+3. A continuation after a takeover runs only the token phase, from the plan and the logged ids.
+4. ``finish`` stores the question and the answer in the conversation and builds ``done``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Literal
 
+from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from rag_stream.generation.engine import Engine, FinishReason, Sampling
-from rag_stream.generation.prompt import PromptLayout, Source, Turn
+from rag_stream.errors import InvalidRequest, PayloadTooLarge
+from rag_stream.generation.prompt import PromptLayout, Turn, layout
+from rag_stream.generation.sampling import fit_to_window, sampling_for
+from rag_stream.generation.slot import EngineSlot
 from rag_stream.metrics import Metrics
-from rag_stream.pipeline.context import Finalizer, StreamContext
-from rag_stream.pipeline.phases import token_phase
-from rag_stream.pipeline.plan import Plan
+from rag_stream.pipeline.plan import TokenPlan
+from rag_stream.pipeline.sources import Retrieved, retrieve_while_prefilling
+from rag_stream.pipeline.tokens import TokenOutput, token_phase
 from rag_stream.retrieval.retriever import Retriever, SearchHit
-from rag_stream.schemas.events import Citation, Done
-from rag_stream.settings import AnswersSettings
-from rag_stream.store.conversations import save_answer
+from rag_stream.schemas.answers import AnswerRequest
+from rag_stream.schemas.events import Citation, CitationBody, Done, Event, FinishReason
+from rag_stream.settings import AnswersSettings, LimitsSettings
+from rag_stream.store.conversations import get_conversation, save_answer
+from rag_stream.store.models import new_id
+from rag_stream.store.repositories import resolve_kb
+from rag_stream.streaming.context import StreamContext
+from rag_stream.streaming.event_log import StreamMeta
+from rag_stream.streaming.kinds import plan_error
 
 _MARKER = re.compile(r"\[(\d{1,3})\]")
 
 
-@dataclass(frozen=True)
-class AnswerJob:
+class AnswerPlan(TokenPlan):
+    kind: Literal["answer"] = "answer"
     kb_id: str
     question: str
     conversation_id: str
-    history: list[Turn]
+    citations: list[CitationBody]
+    dropped_sources: int
+    retrieval_ms: float
+
+
+@dataclass(frozen=True)
+class AnswerJob:
+    """An accepted question, before retrieval."""
+
+    kb_id: str
+    question: str
     layout: PromptLayout
     top_k: int
-    sampling: Sampling
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
     mmr: bool
-    accepted_at: float
 
 
-async def _prefill(engine: Engine, request_id: str, ids: list[int]) -> None:
-    async for _ in engine.generate(request_id, ids, Sampling(max_tokens=1)):
-        pass
-
-
-def fit_sources(
-    engine: Engine, job: AnswerJob, hits: list[SearchHit]
-) -> tuple[list[Source], list[SearchHit], int]:
-    """Keep the best-scored hits whose text fits the window; number them 1..n in hit order."""
-    room = engine.max_model_len - job.sampling.max_tokens - len(job.layout.full_ids(engine, []))
-    drafts = [Source(i + 1, h.title, h.heading, h.text) for i, h in enumerate(hits)]
-    costs = [job.layout.source_cost(engine, s) for s in drafts]
-    keep = set(range(len(hits)))
-    for i in sorted(keep, key=lambda i: hits[i].score):  # lowest score first
-        if sum(costs[j] for j in keep) <= room:
-            break
-        keep.discard(i)
-    kept = [hits[i] for i in sorted(keep)]
-    sources = [Source(n + 1, h.title, h.heading, h.text) for n, h in enumerate(kept)]
-    return sources, kept, len(hits) - len(kept)
+def cited_markers(text: str, sources: int) -> list[int]:
+    return sorted({n for n in map(int, _MARKER.findall(text)) if 1 <= n <= sources})
 
 
 def _citation(n: int, hit: SearchHit, event_id: int) -> Citation:
@@ -83,100 +86,168 @@ def _citation(n: int, hit: SearchHit, event_id: int) -> Citation:
     )
 
 
-async def answer_body(
-    ctx: StreamContext, job: AnswerJob, retriever: Retriever, cfg: AnswersSettings
-) -> None:
-    engine = ctx.engine
-    ctx.queue_ms = (time.monotonic() - job.accepted_at) * 1000
-    prefill: asyncio.Task[None] | None = None
-    # Only whole KV blocks are cached, so prefill just those; with no retrieval to overlap,
-    # or less than one block, a separate prefill would only cost time.
-    block = engine.cache_block_size
-    cacheable = job.layout.stable_ids[: len(job.layout.stable_ids) // block * block]
-    if cfg.overlap and job.top_k and cacheable:
-        prefill = asyncio.create_task(_prefill(engine, f"{ctx.request_id}:prefill", cacheable))
-    try:
-        started = time.monotonic()
-        if cfg.retrieval_delay_ms:
-            await asyncio.sleep(cfg.retrieval_delay_ms / 1000)
-        hits = (
-            await retriever.search(job.kb_id, job.question, job.top_k, mmr=job.mmr)
-            if job.top_k
-            else []
+@dataclass
+class AnswerRun:
+    """One run of an answer stream: the first (``job`` set) or a continuation (``plan`` set)."""
+
+    kind: AnswerKind
+    model: str
+    conversation_id: str
+    job: AnswerJob | None = None
+    plan: AnswerPlan | None = None
+    out: TokenOutput = field(default_factory=TokenOutput)
+    accepted_at: float = field(default_factory=time.monotonic)
+
+    async def run(self, ctx: StreamContext) -> FinishReason:
+        engine = await self.kind.engines.wait()
+        if self.plan is None:
+            assert self.job is not None
+            self.plan = await self._retrieve(ctx, self.job)
+            await ctx.save_plan(self.plan)
+        return await token_phase(ctx, engine, self.plan, self.out)
+
+    async def _retrieve(self, ctx: StreamContext, job: AnswerJob) -> AnswerPlan:
+        engine = await self.kind.engines.wait()
+        citations: list[CitationBody] = []
+
+        def send_citations(found: Retrieved) -> None:
+            ctx.check()
+            for source, hit in zip(found.sources, found.hits, strict=True):
+                citation = ctx.emit(partial(_citation, source.n, hit))
+                citations.append(CitationBody.model_validate(citation, from_attributes=True))
+
+        search = None
+        if job.top_k:
+            retriever = self.kind.retriever
+            search = partial(retriever.search, job.kb_id, job.question, job.top_k, mmr=job.mmr)
+        found = await retrieve_while_prefilling(
+            engine,
+            ctx.run_id,
+            job.layout,
+            search,
+            job.max_tokens,
+            self.kind.cfg.overlap,
+            send_citations,
         )
-        ctx.retrieval_ms = (time.monotonic() - started) * 1000
         ctx.check()
-        # the citations go out as soon as they are known, before the prefill is done
-        sources, kept, dropped = fit_sources(engine, job, hits)
-        citations = []
-        for source, hit in zip(sources, kept, strict=True):
-            citation = ctx.emit(partial(_citation, source.n, hit))
-            citations.append(citation.model_dump(exclude={"id", "type"}))
-        if prefill is not None:
-            await prefill
-    finally:
-        if prefill is not None and not prefill.done():
-            prefill.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await prefill
-    ctx.check()
-    plan = Plan(
-        kind="answer",
-        prompt_ids=job.layout.full_ids(engine, sources),
-        max_tokens=job.sampling.max_tokens,
-        temperature=job.sampling.temperature,
-        top_p=job.sampling.top_p,
-        seed=job.sampling.seed,
-        context={
-            "kb_id": job.kb_id,
-            "question": job.question,
-            "conversation_id": job.conversation_id,
-            "citations": citations,
-            "dropped_sources": dropped,
-            "retrieval_ms": ctx.retrieval_ms,
-            "queue_ms": ctx.queue_ms,
-        },
-    )
-    await ctx.save_plan(plan)
-    await token_phase(ctx, plan)
+        return AnswerPlan(
+            prompt_ids=job.layout.full_ids(engine, found.sources),
+            max_tokens=job.max_tokens,
+            temperature=job.temperature,
+            top_p=job.top_p,
+            seed=job.seed,
+            queue_ms=ctx.queue_ms,
+            kb_id=job.kb_id,
+            question=job.question,
+            conversation_id=self.conversation_id,
+            citations=citations,
+            dropped_sources=found.dropped,
+            retrieval_ms=found.retrieval_ms,
+        )
 
-
-def cited_markers(text: str, sources: int) -> list[int]:
-    return sorted({n for n in map(int, _MARKER.findall(text)) if 1 <= n <= sources})
-
-
-def make_answer_finalizer(
-    sessions: async_sessionmaker[AsyncSession], metrics: Metrics
-) -> Finalizer:
-    async def finalize(ctx: StreamContext, reason: FinishReason, event_id: int) -> Done:
-        ctx.run.finish_reason = reason
-        if ctx.plan is None:  # ended before retrieval finished: nothing to keep
+    async def finish(self, ctx: StreamContext, reason: FinishReason, event_id: int) -> Done:
+        run = self.out.run
+        run.finish_reason = reason
+        plan = self.plan
+        if plan is None:  # ended before retrieval finished: nothing to keep
             return Done(id=event_id, finish_reason=reason)
-        c = ctx.plan.context
-        text = "".join(ctx.text)
+        text = self.out.text
         done = Done(
             id=event_id,
             finish_reason=reason,
-            usage=ctx.run.usage(),
-            timings=ctx.run.timings(
-                ctx.started, queue_ms=c["queue_ms"], retrieval_ms=c["retrieval_ms"]
+            usage=run.usage(),
+            timings=run.timings(
+                ctx.started, queue_ms=plan.queue_ms, retrieval_ms=plan.retrieval_ms
             ),
-            cited=cited_markers(text, len(c["citations"])),
-            dropped_sources=c["dropped_sources"],
+            cited=cited_markers(text, len(plan.citations)),
+            dropped_sources=plan.dropped_sources,
         )
         await save_answer(
-            sessions,
+            self.kind.sessions,
             stream_id=ctx.stream_id,
-            model=ctx.engine.model_name,
-            kb_id=c["kb_id"],
-            conversation_id=c["conversation_id"],
-            question=c["question"],
+            model=self.model,
+            kb_id=plan.kb_id,
+            conversation_id=plan.conversation_id,
+            question=plan.question,
             answer=text,
-            citations=c["citations"],
+            citations=plan.citations,
             done=done,
         )
-        metrics.observe_done("answer", done)
-        metrics.retrieval.observe(c["retrieval_ms"] / 1000)
+        self.kind.metrics.observe_done(self.kind.name, done)
+        self.kind.metrics.retrieval.observe(plan.retrieval_ms / 1000)
         return done
 
-    return finalize
+
+class AnswerKind:
+    name = "answer"
+
+    def __init__(
+        self,
+        engines: EngineSlot,
+        sessions: async_sessionmaker[AsyncSession],
+        retriever: Retriever,
+        metrics: Metrics,
+        cfg: AnswersSettings,
+        limits: LimitsSettings,
+    ) -> None:
+        self.engines = engines
+        self.sessions = sessions
+        self.retriever = retriever
+        self.metrics = metrics
+        self.cfg = cfg
+        self.limits = limits
+
+    async def accept(self, body: AnswerRequest) -> AnswerRun:
+        """Check the request against the limits, find the KB and the conversation's history,
+        and lay out the prompt so the answer always has room (sources are dropped first)."""
+        accepted_at = time.monotonic()
+        engine = self.engines.get()
+        cfg = self.cfg
+        question = body.question.strip()
+        if len(question) > cfg.max_question_chars:
+            raise PayloadTooLarge(
+                f"question is {len(question)} characters; the limit is {cfg.max_question_chars}"
+            )
+        top_k = cfg.default_top_k if body.top_k is None else body.top_k
+        if top_k > cfg.max_top_k:
+            raise InvalidRequest(f"top_k must be between 0 and {cfg.max_top_k}, got {top_k}")
+        sampling = sampling_for(
+            self.limits, body.max_tokens, body.temperature, body.top_p, body.seed
+        )
+        async with self.sessions() as session:
+            kb = await resolve_kb(session, body.kb)
+            history: list[Turn] = []
+            if body.conversation_id:
+                conv = await get_conversation(session, body.conversation_id)
+                history = [Turn(m.role, m.content) for m in conv.messages if m.content]
+        lay = layout(engine, history, question, cfg.history_budget_tokens)
+        sampling = fit_to_window(engine, lay.full_ids(engine, []), sampling)
+        job = AnswerJob(
+            kb_id=kb.id,
+            question=question,
+            layout=lay,
+            top_k=top_k,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            mmr=body.mmr,
+        )
+        conversation_id = body.conversation_id or new_id()
+        return AnswerRun(self, engine.model_name, conversation_id, job=job, accepted_at=accepted_at)
+
+    async def can_continue(self, meta: StreamMeta) -> bool:
+        return (await self.engines.wait()).model_name == meta.model
+
+    def continuation(self, plan_json: str, logged: Sequence[Event]) -> AnswerRun:
+        try:
+            plan = AnswerPlan.model_validate_json(plan_json)
+        except ValidationError as exc:
+            raise plan_error(self.name, exc) from None
+        return AnswerRun(
+            self,
+            self.engines.get().model_name,
+            plan.conversation_id,
+            plan=plan,
+            out=TokenOutput.from_log(logged),
+        )

@@ -1,80 +1,66 @@
-"""Plain generation: a prompt in; ``stream``, ``token``... and ``done`` events out."""
+"""The ``generate`` kind: a prompt in; ``stream``, ``token``... and ``done`` events out."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
+from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from rag_stream.errors import InvalidRequest, PayloadTooLarge
-from rag_stream.generation.engine import Engine, FinishReason, Sampling
+from rag_stream.errors import PayloadTooLarge
+from rag_stream.generation.sampling import fit_to_window, sampling_for
+from rag_stream.generation.slot import EngineSlot
 from rag_stream.metrics import Metrics
-from rag_stream.pipeline.context import Finalizer, StreamContext
-from rag_stream.pipeline.phases import token_phase
-from rag_stream.pipeline.plan import Plan
-from rag_stream.schemas.events import Done
+from rag_stream.pipeline.plan import TokenPlan
+from rag_stream.pipeline.tokens import TokenOutput, token_phase
+from rag_stream.schemas.events import Done, Event, FinishReason
+from rag_stream.schemas.generate import GenerateRequest
 from rag_stream.settings import LimitsSettings
 from rag_stream.store.models import StreamRecord
+from rag_stream.streaming.context import StreamContext
+from rag_stream.streaming.event_log import StreamMeta
+from rag_stream.streaming.kinds import plan_error
 
 
-def make_sampling(
-    limits: LimitsSettings,
-    max_tokens: int | None,
-    temperature: float,
-    top_p: float,
-    seed: int | None,
-) -> Sampling:
-    wanted = limits.default_max_tokens if max_tokens is None else max_tokens
-    if not 1 <= wanted <= limits.max_tokens:
-        raise InvalidRequest(f"max_tokens must be between 1 and {limits.max_tokens}, got {wanted}")
-    return Sampling(max_tokens=wanted, temperature=temperature, top_p=top_p, seed=seed)
+class GeneratePlan(TokenPlan):
+    kind: Literal["generate"] = "generate"
 
 
-def fit_to_window(engine: Engine, prompt_ids: Sequence[int], sampling: Sampling) -> Sampling:
-    """Refuse prompts that fill the window; shorten max_tokens to what still fits."""
-    room = engine.max_model_len - len(prompt_ids)
-    if room < 1:
-        raise PayloadTooLarge(
-            f"prompt is {len(prompt_ids)} tokens; the model's context window is "
-            f"{engine.max_model_len} tokens"
-        )
-    if sampling.max_tokens <= room:
-        return sampling
-    return Sampling(room, sampling.temperature, sampling.top_p, sampling.seed)
+@dataclass
+class GenerateRun:
+    """One run of a generate stream (its first, or a continuation after a takeover)."""
 
+    kind: GenerateKind
+    plan: GeneratePlan
+    model: str
+    out: TokenOutput = field(default_factory=TokenOutput)
+    conversation_id: str | None = None
+    first: bool = True
+    accepted_at: float = field(default_factory=time.monotonic)
 
-def generation_plan(prompt_ids: Sequence[int], sampling: Sampling) -> Plan:
-    return Plan(
-        kind="generate",
-        prompt_ids=list(prompt_ids),
-        max_tokens=sampling.max_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-    )
+    async def run(self, ctx: StreamContext) -> FinishReason:
+        engine = await self.kind.engines.wait()
+        if self.first:
+            self.plan = self.plan.model_copy(update={"queue_ms": ctx.queue_ms})
+            await ctx.save_plan(self.plan)
+        return await token_phase(ctx, engine, self.plan, self.out)
 
-
-async def generate_body(ctx: StreamContext, plan: Plan) -> None:
-    await ctx.save_plan(plan)
-    await token_phase(ctx, plan)
-
-
-def make_generate_finalizer(
-    sessions: async_sessionmaker[AsyncSession], metrics: Metrics
-) -> Finalizer:
-    async def finalize(ctx: StreamContext, reason: FinishReason, event_id: int) -> Done:
-        ctx.run.finish_reason = reason
-        usage = ctx.run.usage()
-        async with sessions() as session:
+    async def finish(self, ctx: StreamContext, reason: FinishReason, event_id: int) -> Done:
+        run = self.out.run
+        run.finish_reason = reason
+        usage = run.usage()
+        async with self.kind.sessions() as session:
             await session.merge(
                 StreamRecord(
                     id=ctx.stream_id,
-                    kind="generate",
-                    model=ctx.engine.model_name,
+                    kind=self.kind.name,
+                    model=self.model,
                     conversation_id=None,
                     finish_reason=reason,
-                    text="".join(ctx.text),
+                    text=self.out.text,
                     usage=usage.model_dump(),
                 )
             )
@@ -83,13 +69,50 @@ def make_generate_finalizer(
             id=event_id,
             finish_reason=reason,
             usage=usage,
-            timings=ctx.run.timings(ctx.started, queue_ms=ctx.queue_ms),
+            timings=run.timings(ctx.started, queue_ms=self.plan.queue_ms),
         )
-        metrics.observe_done("generate", done)
+        self.kind.metrics.observe_done(self.kind.name, done)
         return done
 
-    return finalize
 
+class GenerateKind:
+    name = "generate"
 
-def elapsed_ms(since: float) -> float:
-    return (time.monotonic() - since) * 1000
+    def __init__(
+        self,
+        engines: EngineSlot,
+        sessions: async_sessionmaker[AsyncSession],
+        metrics: Metrics,
+        limits: LimitsSettings,
+    ) -> None:
+        self.engines = engines
+        self.sessions = sessions
+        self.metrics = metrics
+        self.limits = limits
+
+    def accept(self, body: GenerateRequest) -> GenerateRun:
+        """Check the request against the limits and the window; plan its generation."""
+        engine = self.engines.get()
+        limits = self.limits
+        if len(body.prompt) > limits.max_prompt_chars:
+            raise PayloadTooLarge(
+                f"prompt is {len(body.prompt)} characters; the limit is {limits.max_prompt_chars}"
+            )
+        sampling = sampling_for(limits, body.max_tokens, body.temperature, body.top_p, body.seed)
+        text = body.prompt
+        if body.chat:
+            text = engine.chat_prompt([{"role": "user", "content": body.prompt}])
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        plan = GeneratePlan.of(ids, fit_to_window(engine, ids, sampling))
+        return GenerateRun(self, plan, engine.model_name)
+
+    async def can_continue(self, meta: StreamMeta) -> bool:
+        return (await self.engines.wait()).model_name == meta.model
+
+    def continuation(self, plan_json: str, logged: Sequence[Event]) -> GenerateRun:
+        try:
+            plan = GeneratePlan.model_validate_json(plan_json)
+        except ValidationError as exc:
+            raise plan_error(self.name, exc) from None
+        engine = self.engines.get()
+        return GenerateRun(self, plan, engine.model_name, TokenOutput.from_log(logged), first=False)

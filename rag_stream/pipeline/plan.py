@@ -1,22 +1,27 @@
-"""What a stream needs to (re)run its token phase in any process, stored in Redis."""
+"""TokenPlan: what any process needs to (re)run a stream's token phase, saved in Redis.
+
+Each kind extends it with what its finisher needs; it is stored as JSON in the stream's meta and
+validated when read back, so a plan written by an incompatible version fails with a clear error.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict
 
 from rag_stream.generation.engine import Sampling
 
 
-@dataclass
-class Plan:
-    kind: str  # which finalizer ends the stream: "generate" | "answer"
+class TokenPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     prompt_ids: list[int]
     max_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
-    context: dict[str, Any] = field(default_factory=dict)
+    queue_ms: float = 0.0  # measured by the first run; a takeover reports the same
 
     def sampling(self, already_generated: int = 0) -> Sampling:
         return Sampling(
@@ -26,9 +31,15 @@ class Plan:
             seed=self.seed,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
-        return cls(**data)
+    def of(cls, prompt_ids: list[int], sampling: Sampling, **extra: object) -> Self:
+        return cls.model_validate(
+            {
+                "prompt_ids": prompt_ids,
+                "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "seed": sampling.seed,
+                **extra,
+            }
+        )

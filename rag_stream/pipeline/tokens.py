@@ -1,14 +1,21 @@
-"""The token phase shared by every pipeline: engine steps -> UTF-8-safe text deltas + usage."""
+"""The token phase every kind ends with: engine steps -> UTF-8-safe ``token`` events + usage.
+
+Written once for first runs and for continuations after a takeover: a continuation passes the
+token ids already in the log, which extend the prompt and seed the detokenizer.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from rag_stream.generation.detokenize import Detokenizer, TextDelta
-from rag_stream.generation.engine import Engine, FinishReason, Sampling
-from rag_stream.schemas.events import Timings, Usage
+from rag_stream.generation.engine import Engine, Sampling
+from rag_stream.pipeline.plan import TokenPlan
+from rag_stream.schemas.events import Event, FinishReason, Timings, Token, Usage
+from rag_stream.streaming.context import StreamContext
 
 
 @dataclass
@@ -74,3 +81,50 @@ async def run_tokens(
     if tail is not None:
         yield tail
     run.finished_at = time.monotonic()
+
+
+@dataclass
+class TokenOutput:
+    """A stream's generated text: the pieces and ids already logged (by an earlier owner, after
+    a takeover) followed by this run's, with this run's usage and timings."""
+
+    logged_ids: list[int] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    run: TokenRun = field(default_factory=TokenRun)
+
+    @classmethod
+    def from_log(cls, logged: Sequence[Event]) -> TokenOutput:
+        tokens = [e for e in logged if isinstance(e, Token)]
+        return cls([t for e in tokens for t in e.token_ids], [e.text for e in tokens])
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def _token(delta: TextDelta, event_id: int) -> Token:
+    return Token(id=event_id, index=delta.index, text=delta.text, token_ids=delta.token_ids)
+
+
+async def token_phase(
+    ctx: StreamContext, engine: Engine, plan: TokenPlan, out: TokenOutput
+) -> FinishReason:
+    """Generate the rest of the plan's answer as ``token`` events; ``out.run`` ends up with
+    usage for the whole answer (logged tokens included)."""
+    run, logged = out.run, out.logged_ids
+    run.prompt_tokens = len(plan.prompt_ids)
+    if plan.max_tokens - len(logged) <= 0:
+        run.finish_reason = "length"
+        run.completion_tokens = len(logged)
+        return run.finish_reason
+    ctx.on_stop(lambda: engine.abort(ctx.run_id))
+    prompt = [*plan.prompt_ids, *logged]
+    sampling = plan.sampling(len(logged))
+    async for delta in run_tokens(engine, ctx.run_id, prompt, sampling, run, logged):
+        ctx.emit(partial(_token, delta))
+        out.pieces.append(delta.text)
+        ctx.check()
+    run.completion_tokens += len(logged)
+    run.prompt_tokens = len(plan.prompt_ids)
+    ctx.check()
+    return run.finish_reason

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from rag_stream.retrieval.embedder import Embedder
 from rag_stream.retrieval.mmr import mmr_order
 from rag_stream.retrieval.vector_store import VectorHit, VectorStore
-from rag_stream.store.repositories import live_chunks
+from rag_stream.store.repositories import live_chunks, resolve_kb
 
 # Qdrant may still hold vectors of a version being replaced (or of a failed ingestion being
 # cleaned up); those hits are dropped, so ask for more than top_k.
@@ -48,6 +48,11 @@ class Retriever:
         self._sessions = sessions
         self._vectors = vectors
         self._embedder = embedder
+
+    async def kb_id(self, kb_ref: str) -> str:
+        """The id of the knowledge base named (or with the id) ``kb_ref``; 404 if none."""
+        async with self._sessions() as session:
+            return (await resolve_kb(session, kb_ref)).id
 
     async def search(
         self,

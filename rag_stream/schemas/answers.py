@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag_stream.schemas.events import CitationBody, Timings, Usage
 
@@ -23,6 +23,13 @@ class AnswerRequest(BaseModel):
     seed: int | None = None
     mmr: bool = False
     stream: bool = True
+
+    @field_validator("question")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty or only whitespace")
+        return value
 
 
 class AnswerResponse(BaseModel):

@@ -10,7 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-from rag_stream.generation.engine import FinishReason
+# Why a stream (or one engine request) ended.
+FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
 class _Event(BaseModel):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -10,8 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import selectinload
 
 from rag_stream.errors import NotFound
-from rag_stream.generation.prompt import Turn
-from rag_stream.schemas.events import Done
+from rag_stream.schemas.events import CitationBody, Done
 from rag_stream.store.models import Conversation, Message, StreamRecord
 
 
@@ -26,11 +25,6 @@ async def get_conversation(session: AsyncSession, conversation_id: str) -> Conve
     return conv
 
 
-def history_of(conv: Conversation) -> list[Turn]:
-    """Completed user/assistant pairs, oldest first (a cancelled answer still counts)."""
-    return [Turn(m.role, m.content) for m in conv.messages if m.content]
-
-
 async def save_answer(
     sessions: async_sessionmaker[AsyncSession],
     *,
@@ -40,7 +34,7 @@ async def save_answer(
     conversation_id: str,
     question: str,
     answer: str,
-    citations: list[dict[str, Any]],
+    citations: Sequence[CitationBody],
     done: Done,
 ) -> None:
     """Persist the question and the answer once per stream (a takeover may finalize again)."""
@@ -67,7 +61,10 @@ async def save_answer(
                         role="assistant",
                         content=answer,
                         stream_id=stream_id,
-                        citations={"sources": citations, "cited": done.cited},
+                        citations={
+                            "sources": [c.model_dump() for c in citations],
+                            "cited": done.cited,
+                        },
                         usage=usage,
                         finish_reason=done.finish_reason,
                     ),

@@ -21,6 +21,12 @@ class Collected:
     def text(self) -> str:
         return "".join(self.pieces)
 
+    @property
+    def start(self) -> StreamStarted:
+        if self.started is None:
+            raise RagStreamError("the stream has no stream event")
+        return self.started
+
 
 async def collect(events: AsyncIterator[Event]) -> Collected:
     result = Collected()

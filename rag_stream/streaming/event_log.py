@@ -15,16 +15,15 @@ return the cancel flag and reader heartbeat, so the writer learns both with no e
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Literal, Protocol
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from rag_stream.errors import EventLogUnavailable, NotFound
+from rag_stream.errors import EventLogUnavailable
 from rag_stream.schemas.events import EVENT_ADAPTER, Event
 
 
@@ -35,14 +34,19 @@ class AppendResult:
     reader_seen_ms: int
 
 
+StreamStatus = Literal["running", "done", "error"]
+
+
 @dataclass(frozen=True)
 class StreamMeta:
+    """What the log knows about a stream besides its events."""
+
     stream_id: str
-    status: str  # running | done | error
+    status: StreamStatus
     model: str
-    kind: str
+    kind: str  # the name of the StreamKind that produces it
     created: float
-    plan: dict[str, Any] | None
+    plan: str | None  # the kind's plan as JSON; the kind validates it when it reads it back
     finish_reason: str | None
     cancel: bool
     lease_owner: str | None
@@ -52,19 +56,19 @@ class StreamMeta:
     def from_fields(
         cls,
         stream_id: str,
-        fields: dict[str, str],
-        plan: dict[str, Any] | None,
+        fields: Mapping[str, str],
         lease_owner: str | None,
         last_event_id: int,
     ) -> StreamMeta:
         """Build from the string fields of the meta hash (the same in every log)."""
+        status = fields.get("status", "running")
         return cls(
             stream_id=stream_id,
-            status=fields.get("status", "running"),
+            status=status if status in ("done", "error") else "running",  # type: ignore[arg-type]
             model=fields.get("model", ""),
-            kind=fields.get("kind", "generate"),
+            kind=fields.get("kind", ""),
             created=float(fields.get("created", "0")),
-            plan=plan,
+            plan=fields.get("plan"),
             finish_reason=fields.get("finish_reason"),
             cancel=fields.get("cancel") == "1",
             lease_owner=lease_owner,
@@ -72,9 +76,21 @@ class StreamMeta:
         )
 
 
+@dataclass(frozen=True)
+class NewStream:
+    """The fields a stream is created with (the first event carries the same model/created)."""
+
+    model: str
+    kind: str
+    created: float
+
+    def fields(self) -> dict[str, str]:
+        return {"model": self.model, "kind": self.kind, "created": repr(self.created)}
+
+
 class EventLog(Protocol):
     async def create(
-        self, stream_id: str, first: Event, meta: dict[str, str], owner: str, lease_ms: int
+        self, stream_id: str, first: Event, new: NewStream, owner: str, lease_ms: int
     ) -> None: ...
 
     async def append(
@@ -87,7 +103,7 @@ class EventLog(Protocol):
 
     async def meta(self, stream_id: str) -> StreamMeta | None: ...
 
-    async def set_plan(self, stream_id: str, plan: dict[str, Any]) -> None: ...
+    async def set_plan(self, stream_id: str, plan_json: str) -> None: ...
 
     async def finish(
         self,
@@ -189,14 +205,14 @@ class RedisEventLog:
         return f"{self._p}:active"
 
     async def create(
-        self, stream_id: str, first: Event, meta: dict[str, str], owner: str, lease_ms: int
+        self, stream_id: str, first: Event, new: NewStream, owner: str, lease_ms: int
     ) -> None:
         log, meta_key, lease = self._keys(stream_id)
         fields: dict[bytes | bytearray | memoryview[int] | str | int | float, str | int] = {
             "status": "running",
             "seen": str(now_ms()),
         }
-        fields.update(meta)
+        fields.update(new.fields())
         try:
             async with self._r.pipeline(transaction=True) as pipe:
                 pipe.hset(meta_key, mapping=fields)
@@ -239,17 +255,15 @@ class RedisEventLog:
         if not raw:
             return None
         fields = {k.decode(): v.decode() for k, v in raw.items()}
-        plan = json.loads(fields["plan"]) if "plan" in fields else None
         return StreamMeta.from_fields(
             stream_id,
             fields,
-            plan,
             owner.decode() if owner else None,
             _event_id(last[0][0]) if last else -1,
         )
 
-    async def set_plan(self, stream_id: str, plan: dict[str, Any]) -> None:
-        await self._r.hset(self._keys(stream_id)[1], "plan", json.dumps(plan))
+    async def set_plan(self, stream_id: str, plan_json: str) -> None:
+        await self._r.hset(self._keys(stream_id)[1], "plan", plan_json)
 
     async def finish(
         self,
@@ -279,13 +293,3 @@ class RedisEventLog:
     async def running(self) -> list[str]:
         members = await self._r.zrange(self._active, 0, -1)
         return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
-
-
-async def require_meta(log: EventLog, stream_id: str) -> StreamMeta:
-    try:
-        meta = await log.meta(stream_id)
-    except RedisError as exc:
-        raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
-    if meta is None:
-        raise NotFound(f"stream {stream_id!r} not found (unknown, or expired after retention)")
-    return meta

@@ -11,10 +11,9 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from rag_stream.schemas.events import Event
-from rag_stream.streaming.event_log import AppendResult, StreamMeta, now_ms
+from rag_stream.streaming.event_log import AppendResult, NewStream, StreamMeta, now_ms
 
 
 @dataclass
@@ -23,7 +22,6 @@ class _Stream:
     events: list[Event] = field(default_factory=list)
     owner: str | None = None
     lease_until: float = 0.0
-    plan: dict[str, Any] | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def holder(self) -> str | None:
@@ -43,9 +41,9 @@ class MemoryEventLog:
         self._streams: dict[str, _Stream] = {}
 
     async def create(
-        self, stream_id: str, first: Event, meta: dict[str, str], owner: str, lease_ms: int
+        self, stream_id: str, first: Event, new: NewStream, owner: str, lease_ms: int
     ) -> None:
-        stream = _Stream({**meta, "status": "running", "seen": str(now_ms())})
+        stream = _Stream({**new.fields(), "status": "running", "seen": str(now_ms())})
         stream.owner, stream.lease_until = owner, time.monotonic() + lease_ms / 1000
         stream.add([first])
         self._streams[stream_id] = stream
@@ -77,11 +75,11 @@ class MemoryEventLog:
         if s is None:
             return None
         return StreamMeta.from_fields(
-            stream_id, s.meta, s.plan, s.holder(), s.events[-1].id if s.events else -1
+            stream_id, s.meta, s.holder(), s.events[-1].id if s.events else -1
         )
 
-    async def set_plan(self, stream_id: str, plan: dict[str, Any]) -> None:
-        self._streams[stream_id].plan = plan
+    async def set_plan(self, stream_id: str, plan_json: str) -> None:
+        self._streams[stream_id].meta["plan"] = plan_json
 
     async def finish(
         self,

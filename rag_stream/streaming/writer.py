@@ -3,8 +3,9 @@
 A writer flushes when its buffer reaches ``flush_max_events`` or ``flush_interval_ms`` after the
 first buffered event, and at least every ``renew_interval_s`` (an empty append renews the lease).
 Each append tells it whether the stream was cancelled, whether a reader is still attached, and
-whether it still owns the stream; on any of these it records a stop reason and calls ``on_stop``
-(which aborts the engine request) so generation ends within one decode step.
+whether it still owns the stream; on any of these it records a stop reason and runs the callbacks
+registered with ``on_stop`` (the producer's: they abort its engine request), so generation ends
+within one decode step.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rag_stream.schemas.events import Event
 from rag_stream.settings import StreamingSettings
 from rag_stream.streaming.event_log import EventLog, now_ms
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 StopReason = Literal["cancelled", "abandoned", "lost", "log_unavailable"]
 
@@ -34,19 +35,17 @@ class StreamWriter:
         owner: str,
         next_id: int,
         cfg: StreamingSettings,
-        on_stop: Callable[[], Awaitable[None]],
     ) -> None:
         self._log = event_log
         self._sid = stream_id
         self._owner = owner
         self._cfg = cfg
-        self._on_stop = on_stop
+        self._stop_callbacks: list[Callable[[], Awaitable[None]]] = []
         self._buffer: list[Event] = []
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self.next_id = next_id
         self.stop_reason: StopReason | None = None
-        self.flushes = 0
         self._closing = False
         self._task = asyncio.create_task(self._run(), name=f"writer-{stream_id[:8]}")
 
@@ -86,11 +85,10 @@ class StreamWriter:
                     if "ID specified" in str(exc):  # another writer appended these ids first
                         superseded = True
                         break
-                    log.warning(
+                    logger.warning(
                         "stream %s: append failed (%s), attempt %d", self._sid, exc, attempt
                     )
                     await asyncio.sleep(0.2 * (attempt + 1))
-            self.flushes += 1
         if superseded:
             await self._stop("lost")
         elif result is None:
@@ -106,11 +104,22 @@ class StreamWriter:
         limit = self._cfg.abandon_after_s
         return limit > 0 and seen_ms > 0 and now_ms() - seen_ms > limit * 1000
 
+    def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Run ``callback`` when the stream must stop (cancel, abandon, lost lease)."""
+        self._stop_callbacks.append(callback)
+
+    async def run_stop_callbacks(self) -> None:
+        for callback in self._stop_callbacks:
+            try:
+                await callback()
+            except Exception:
+                logger.exception("stream %s: a stop callback failed", self._sid)
+
     async def _stop(self, reason: StopReason) -> None:
         if self.stop_reason is None:
             self.stop_reason = reason
-            log.info("stream %s: stopping (%s)", self._sid, reason)
-            await self._on_stop()
+            logger.info("stream %s: stopping (%s)", self._sid, reason)
+            await self.run_stop_callbacks()
 
     async def close(self) -> None:
         """Stop the background flusher after any flush in flight (never cut one in half: its

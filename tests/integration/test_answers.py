@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.kb import make_kb
 from tests.support.server import ServerProcess
@@ -58,7 +61,9 @@ def test_citations_come_first_then_tokens_then_done(tiny_server: ServerProcess, 
     assert done["finish_reason"] in ("stop", "length")
     assert done["timings"]["retrieval_ms"] > 0
     assert done["usage"]["prompt_tokens"] > 0
-    assert all(1 <= n <= n_cit for n in done["cited"])
+    # `cited` lists the [n] markers of the answer that name a source sent
+    markers = {int(m) for m in re.findall(r"\[(\d+)\]", text_of(frames))}
+    assert done["cited"] == sorted(n for n in markers if 1 <= n <= n_cit)
 
 
 def test_streamed_answer_equals_the_non_streaming_answer(
@@ -145,15 +150,30 @@ def test_bad_answer_requests_get_clear_errors(
     assert needle in r.json()["error"]["message"]
 
 
-def test_metrics_report_answers(tiny_server: ServerProcess, kb: str) -> None:
-    _answer(tiny_server, kb=kb, question="herons?", max_tokens=5)
-    text = httpx.get(f"{tiny_server.url}/metrics").text
-    for name in (
-        "rag_stream_requests_total",
-        'rag_stream_ttft_seconds_count{kind="answer"}',
-        "rag_stream_retrieval_seconds_count",
-        "rag_stream_queue_seconds_count",
-        "rag_stream_prefix_cache_hit_tokens_total",
-        "rag_stream_active_streams",
-    ):
-        assert name in text, name
+def _samples(server: ServerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_what_an_answer_did(tiny_server: ServerProcess, kb: str) -> None:
+    before = _samples(tiny_server)
+    frames = _answer(tiny_server, kb=kb, question="herons?", max_tokens=5)
+    after = _samples(tiny_server)
+    usage, reason = frames[-1].data["usage"], frames[-1].data["finish_reason"]
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert grew("rag_stream_requests_total", route="/v1/answers", method="POST", status="200") == 1
+    assert grew("rag_stream_ttft_seconds_count", kind="answer") == 1
+    assert grew("rag_stream_streams_finished_total", kind="answer", finish_reason=reason) == 1
+    assert grew("rag_stream_retrieval_seconds_count") == 1
+    assert grew("rag_stream_queue_seconds_count") == 1
+    assert grew("rag_stream_completion_tokens_total") == usage["completion_tokens"] > 0
+    assert grew("rag_stream_prompt_tokens_total") == usage["prompt_tokens"]
+    assert grew("rag_stream_prefix_cache_hit_tokens_total") == usage["cached_tokens"]

@@ -42,6 +42,8 @@ def test_tokens_stream_then_done_with_contiguous_ids(tiny_server: ServerProcess)
     assert done["usage"]["completion_tokens"] >= len(token_ids) > 0
     assert done["usage"]["prompt_tokens"] > 0
     assert "\ufffd" not in text_of(frames)
+    # from acceptance to the producer starting (a Redis round trip at least), never a constant 0
+    assert 0 < done["timings"]["queue_ms"] < done["timings"]["ttft_ms"] + 1000
 
 
 def test_streamed_text_equals_non_streaming_text(tiny_server: ServerProcess) -> None:

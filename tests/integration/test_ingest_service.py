@@ -10,9 +10,11 @@ import asyncio
 import pytest
 
 from rag_stream.errors import InvalidRequest, NotFound
+from rag_stream.ingest.documents import DocumentDraft
 from rag_stream.ingest.parsing import parse_markdown, parse_plain
-from rag_stream.ingest.service import DocumentDraft, Ingestor, IngestResult
+from rag_stream.ingest.writer import IngestResult
 from rag_stream.store import repositories as repo
+from tests.support.hooked_vectors import HookedVectorStore
 
 # The fixtures come from tests/support/kb_stack.py; test arguments reuse their names.
 # ruff: noqa: F811
@@ -55,6 +57,10 @@ def draft(
 ) -> DocumentDraft:
     parsed = parse_markdown(text) if text.lstrip().startswith("#") else parse_plain(text)
     return DocumentDraft(title, parsed, source, meta)
+
+
+async def injected_fault() -> None:
+    raise RuntimeError("injected fault after the vector upsert")
 
 
 async def test_chunks_carry_what_a_citation_needs(stack: Stack) -> None:
@@ -103,12 +109,8 @@ async def test_reupload_of_a_source_replaces_the_old_version(stack: Stack) -> No
 
 
 async def test_a_fault_between_vector_upsert_and_commit_leaves_nothing(stack: Stack) -> None:
-    class FailsBeforeCommit(Ingestor):
-        async def _vectors_written(self, document_id: str) -> None:
-            raise RuntimeError("injected fault after the vector upsert")
-
     kb = await stack.new_kb()
-    failing = stack.another_ingestor(FailsBeforeCommit)
+    failing = stack.another_ingestor(HookedVectorStore(stack.vectors, after_upsert=injected_fault))
     with pytest.raises(RuntimeError, match="injected fault"):
         await failing.ingest(kb, draft(GUIDE, "Garden", "garden.md"))
     assert await stack.row_counts(kb) == (0, 0)
@@ -129,17 +131,19 @@ async def test_concurrent_uploads_of_one_document_store_it_once(stack: Stack) ->
     """Two ingestors with separate locks (like two processes) race to the commit: the unique
     constraint picks one, the other returns that document and removes its own vectors."""
     barrier = asyncio.Barrier(2)
+    met: list[int] = []
 
-    class MeetsAtCommit(Ingestor):
-        async def _vectors_written(self, document_id: str) -> None:
-            await barrier.wait()  # both have embedded and upserted before either commits
+    async def meet() -> None:
+        met.append(await barrier.wait())  # both have upserted their vectors before either commits
 
     kb = await stack.new_kb()
-    a, b = stack.another_ingestor(MeetsAtCommit), stack.another_ingestor(MeetsAtCommit)
+    a = stack.another_ingestor(HookedVectorStore(stack.vectors, after_upsert=meet))
+    b = stack.another_ingestor(HookedVectorStore(stack.vectors, after_upsert=meet))
     results = await asyncio.gather(
         a.ingest(kb, draft(GUIDE, "Garden", "garden.md")),
         b.ingest(kb, draft(GUIDE, "Garden", "garden.md")),
     )
+    assert sorted(met) == [0, 1]
     assert sorted(r.created for r in results) == [False, True]
     assert results[0].document.id == results[1].document.id
     assert await stack.row_counts(kb) == (1, results[0].document.chunk_count)
@@ -169,18 +173,17 @@ async def test_search_sees_exactly_one_version_while_a_document_is_replaced(
         hits = await stack.retriever.search(kb, "bicycle chain lubricant and tyre pressure", 5)
         seen[moment] = {h.document_id for h in hits}
 
-    class Watching(Ingestor):
-        async def _vectors_written(self, document_id: str) -> None:
-            await versions_found("before commit")
+    async def before_commit() -> None:
+        await versions_found("before commit")
 
-    watched = stack.another_ingestor(Watching)
-    real_delete = stack.vectors.delete_chunks
-
-    async def delete_after_looking(ids: list[str]) -> None:
+    async def after_commit() -> None:  # the old version's vectors are deleted after the commit
         await versions_found("after commit")
-        await real_delete(ids)
 
-    stack.vectors.delete_chunks = delete_after_looking  # type: ignore[method-assign]
+    watched = stack.another_ingestor(
+        HookedVectorStore(
+            stack.vectors, after_upsert=before_commit, before_delete_chunks=after_commit
+        )
+    )
     new = await watched.ingest(kb, draft(BIKES + "\nWax works too.", "Bikes", "bikes.txt"))
     assert seen == {"before commit": {old.document.id}, "after commit": {new.document.id}}
 
@@ -208,6 +211,17 @@ async def test_deleting_a_kb_removes_its_documents_chunks_and_vectors(stack: Sta
     async with stack.sessions() as session:
         with pytest.raises(NotFound):
             await repo.resolve_kb(session, kb)
+
+
+async def test_a_kb_can_be_named_by_its_name(stack: Stack) -> None:
+    kb = await stack.new_kb("garden-notes")
+    result = await stack.ingestor.ingest("garden-notes", draft(GUIDE, "Garden"))
+    assert result.document.kb_id == kb
+    await stack.ingestor.delete_document("garden-notes", result.document.id)
+    assert await stack.row_counts(kb) == (0, 0)
+    await stack.ingestor.delete_kb("garden-notes")
+    with pytest.raises(NotFound):
+        await stack.ingestor.resolve_kb(kb)
 
 
 async def test_rejects_empty_text_and_unknown_kb(stack: Stack) -> None:
@@ -239,13 +253,10 @@ async def test_a_batch_commits_each_document_and_reports_each_outcome(stack: Sta
 
 
 async def test_a_fault_inside_a_batch_leaves_no_orphans(stack: Stack) -> None:
-    class FailsBeforeCommit(Ingestor):
-        async def _vectors_written(self, document_id: str) -> None:
-            raise RuntimeError("injected fault after the vector upsert")
-
     kb = await stack.new_kb()
+    failing = stack.another_ingestor(HookedVectorStore(stack.vectors, after_upsert=injected_fault))
     with pytest.raises(RuntimeError, match="injected fault"):
-        async with stack.another_ingestor(FailsBeforeCommit).batch(kb) as batch:
+        async with failing.batch(kb) as batch:
             await batch.add(draft(GUIDE, "Garden"))
             await batch.add(draft(BIKES, "Bikes"))
     assert await stack.row_counts(kb) == (0, 0)

@@ -6,7 +6,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,9 +24,9 @@ NOTES = (
 
 
 @pytest.fixture(scope="module")
-def kb_server(server_factory: ServerFactory, tiny_model: Path) -> Iterator[ServerProcess]:
-    server = server_factory(
-        RAG_STREAM_MODEL=str(tiny_model),
+def kb_server(server_factory: ServerFactory) -> Iterator[ServerProcess]:
+    server = server_factory(  # the KB API needs no engine: the stub starts in seconds
+        stub_delay_s=0,
         RAG_STREAM_REDIS_URL=REDIS_URL,
         RAG_STREAM_INGEST__SAMPLE_KB="true",
         RAG_STREAM_INGEST__MAX_UPLOAD_BYTES=str(UPLOAD_LIMIT),
@@ -35,7 +34,7 @@ def kb_server(server_factory: ServerFactory, tiny_model: Path) -> Iterator[Serve
         RAG_STREAM_INGEST__CHUNK_OVERLAP="8",
     )
     yield server
-    server.stop()  # each engine holds ~3 GB: free it for the next module
+    server.stop()
 
 
 @pytest.fixture

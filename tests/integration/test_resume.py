@@ -7,11 +7,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import REDIS_URL, ServerFactory
+from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
 from tests.support.server import ServerProcess, free_port
 from tests.support.sse import Frame, read_stream, text_of
 
@@ -25,20 +26,6 @@ PROMPTS = [
     "北京的天气",
     "A recipe for bread:",
 ]
-
-
-@pytest.fixture(scope="module")
-def server_b(server_factory: ServerFactory, tiny_model: Path) -> Iterator[ServerProcess]:
-    """A second process on the same Redis: any process can serve any reader."""
-    server = server_factory(
-        RAG_STREAM_MODEL=str(tiny_model),
-        RAG_STREAM_REDIS_URL=REDIS_URL,
-        # long streams for the cancel test: the tiny model is fast enough to finish 512 tokens
-        # before a cancel from another process lands on a loaded machine
-        RAG_STREAM_LIMITS__MAX_TOKENS="2000",
-    )
-    yield server
-    server.stop()
 
 
 def _greedy(server: ServerProcess, prompt: str, max_tokens: int) -> dict[str, object]:
@@ -97,8 +84,9 @@ def test_resume_without_cursor_replays_everything(tiny_server: ServerProcess) ->
 
 
 def test_resume_through_a_second_server_process(
-    tiny_server: ServerProcess, server_b: ServerProcess
+    tiny_server: ServerProcess, stub_server: ServerProcess
 ) -> None:
+    server_b = stub_server  # another process on the same Redis (its engine plays no part)
     expected = _greedy(tiny_server, "Across processes", 80)
     first = _start(tiny_server, "Across processes", 80, stop_after=5)
     rest = _resume(server_b, first[0].data["stream_id"], first[-1].id)
@@ -109,7 +97,10 @@ def test_resume_through_a_second_server_process(
     assert status["last_event_id"] == rest[-1].id
 
 
-def test_cancel_from_another_process(tiny_server: ServerProcess, server_b: ServerProcess) -> None:
+def test_cancel_from_another_process(
+    tiny_server: ServerProcess, stub_server: ServerProcess
+) -> None:
+    server_b = stub_server  # paced: 2000 tokens take 10 s, so the cancel lands mid-stream
     first = _start(server_b, "A very long story", 2000, stop_after=3)
     sid = first[0].data["stream_id"]
     r = httpx.post(f"{tiny_server.url}/v1/streams/{sid}/cancel", timeout=30)
@@ -127,16 +118,25 @@ def test_cancel_from_another_process(tiny_server: ServerProcess, server_b: Serve
     assert "already finished" in again["message"]
 
 
-def test_a_disconnected_client_does_not_stop_generation(tiny_server: ServerProcess) -> None:
-    first = _start(tiny_server, "Keep going without me", 60, stop_after=2)
+def _status(server: ServerProcess, sid: str) -> dict[str, Any]:
+    return dict(httpx.get(f"{server.url}/v1/streams/{sid}", timeout=30).json())
+
+
+def test_a_disconnected_client_does_not_stop_generation(stub_server: ServerProcess) -> None:
+    # paced stub engine: 600 tokens take 3 s on any machine
+    first = _start(stub_server, "Keep going without me", 600, stop_after=2)
     sid = first[0].data["stream_id"]
+    left = _status(stub_server, sid)
+    assert left["status"] == "running"  # the client really left a running stream
+    assert left["last_event_id"] < 300
     deadline = time.monotonic() + 60
-    while httpx.get(f"{tiny_server.url}/v1/streams/{sid}").json()["status"] == "running":
+    while _status(stub_server, sid)["status"] == "running":
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    frames = first + _resume(tiny_server, sid, first[-1].id)
+    frames = first + _resume(stub_server, sid, first[-1].id)
     _assert_one_stream(frames)
-    assert frames[-1].data["finish_reason"] in ("stop", "length")
+    assert frames[-1].data["finish_reason"] == "length"
+    assert frames[-1].data["usage"]["completion_tokens"] == 600
 
 
 @pytest.mark.parametrize(
@@ -177,23 +177,24 @@ def test_unknown_stream_is_404(tiny_server: ServerProcess) -> None:
     assert httpx.post(tiny_server.url + "/v1/streams/nope/cancel").status_code == 404
 
 
-def test_abandoned_stream_is_cancelled(server_factory: ServerFactory, tiny_model: Path) -> None:
+def test_abandoned_stream_is_cancelled(server_factory: ServerFactory) -> None:
     server = server_factory(
-        RAG_STREAM_MODEL=str(tiny_model),
+        stub_delay_s=STUB_DELAY_S,
         RAG_STREAM_REDIS_URL=REDIS_URL,
         RAG_STREAM_STREAMING__ABANDON_AFTER_S="1",
-        RAG_STREAM_ENGINE__MAX_NUM_SEQS="2",
+        RAG_STREAM_LIMITS__MAX_TOKENS="4000",
     )
     try:
-        first = _start(server, "Nobody is listening", 512, stop_after=2)
+        first = _start(server, "Nobody is listening", 4000, stop_after=2)  # 20 s of tokens
         sid = first[0].data["stream_id"]
+        assert _status(server, sid)["status"] == "running"
         time.sleep(4)
-        status = httpx.get(f"{server.url}/v1/streams/{sid}").json()
+        status = _status(server, sid)
         assert status["status"] == "done"
         assert status["finish_reason"] == "cancelled"
         frames = first + _resume(server, sid, first[-1].id)
         _assert_one_stream(frames)
-        assert frames[-1].data["usage"]["completion_tokens"] < 512
+        assert frames[-1].data["usage"]["completion_tokens"] < 4000
     finally:
         server.stop()
 
@@ -223,39 +224,34 @@ def private_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]
 
 
 def test_redis_stopped_mid_stream_ends_with_an_error_and_new_requests_get_503(
-    server_factory: ServerFactory,
-    tiny_model: Path,
-    private_redis: tuple[str, subprocess.Popen[bytes]],
+    server_factory: ServerFactory, private_redis: tuple[str, subprocess.Popen[bytes]]
 ) -> None:
     url, redis_proc = private_redis
-    server = server_factory(RAG_STREAM_MODEL=str(tiny_model), RAG_STREAM_REDIS_URL=url)
-    try:
-        frames: list[Frame] = []
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            from httpx_sse import connect_sse
+    server = server_factory(stub_delay_s=STUB_DELAY_S, RAG_STREAM_REDIS_URL=url)
 
-            with connect_sse(
+    def kill_redis_at_the_third_frame(frame: Frame) -> None:
+        if frame.id == 2 and redis_proc.poll() is None:
+            assert frame.event == "token"  # the stream is running
+            redis_proc.kill()
+            redis_proc.wait()
+
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            frames = read_stream(
                 client,
                 "POST",
                 "/v1/generate",
-                json={"prompt": "Redis goes away", "max_tokens": 512},
-            ) as source:
-                for sse in source.iter_sse():
-                    frames.append(
-                        Frame(
-                            int(sse.id) if sse.id else -1,
-                            sse.event,
-                            __import__("json").loads(sse.data),
-                        )
-                    )
-                    if len(frames) == 3:
-                        redis_proc.kill()
-                        redis_proc.wait()
+                json={"prompt": "Redis goes away", "max_tokens": 512},  # 2.5 s of tokens
+                on_frame=kill_redis_at_the_third_frame,
+            )
+        assert redis_proc.poll() is not None
         assert frames[-1].event == "error"
         assert frames[-1].data["code"] == "event_log_unavailable"
         # the events before the error were contiguous and every one came from the log
-        logged = [f for f in frames if f.event != "error"]
+        # (the error itself has no id: httpx-sse repeats the previous one)
+        logged = frames[:-1]
         assert [f.id for f in logged] == list(range(len(logged)))
+        assert all(f.event != "done" for f in logged)
         r = httpx.post(
             server.url + "/v1/generate", json={"prompt": "x", "max_tokens": 3}, timeout=30
         )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from rag_stream.ingest.documents import DocumentDraft
 from rag_stream.ingest.parsing import parse_markdown, parse_plain
-from rag_stream.ingest.service import DocumentDraft
 from rag_stream.store.models import Document
 
 # The fixtures come from tests/support/kb_stack.py; test arguments reuse their names.

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REDIS_URL, ServerFactory
+from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
 from tests.support.server import ServerProcess
 from tests.support.sse import read_stream, text_of
 
@@ -34,6 +34,10 @@ def _takeover_run(
         )
     victim.kill()  # SIGKILL to the whole process group: server and engine core
     sid = first[0].data["stream_id"]
+    # the kill landed in the middle of the stream: its log has no end yet
+    assert first[-1].event == "token"
+    status = httpx.get(f"{survivor.url}/v1/streams/{sid}", timeout=30).json()
+    assert status["status"] == "running", status
     with httpx.Client(base_url=survivor.url, timeout=300) as client:
         rest = read_stream(
             client, "GET", f"/v1/streams/{sid}/events", headers={"Last-Event-ID": str(first[-1].id)}
@@ -76,20 +80,25 @@ def _check_takeover(victim: ServerProcess, survivor: ServerProcess, tokenizer: A
 
 
 def test_orphaned_stream_is_finished_by_the_sweeper_without_a_reader(
-    server_factory: ServerFactory, tiny_model: Path, tiny_server: ServerProcess
+    server_factory: ServerFactory, stub_server: ServerProcess
 ) -> None:
-    survivor = tiny_server  # same model, same Redis
-    victim = server_factory(RAG_STREAM_MODEL=str(tiny_model), RAG_STREAM_REDIS_URL=REDIS_URL)
+    survivor = stub_server  # same (stub) model, same Redis
+    victim = server_factory(
+        stub_delay_s=STUB_DELAY_S,
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        RAG_STREAM_LIMITS__MAX_TOKENS="4000",
+    )
     with httpx.Client(base_url=victim.url, timeout=120) as client:
         first = read_stream(
             client,
             "POST",
             "/v1/generate",
-            json={"prompt": "orphan", "max_tokens": 300},
+            json={"prompt": "orphan", "max_tokens": 1000},  # 5 s of paced tokens
             stop_after=3,
         )
     victim.kill()
     sid = first[0].data["stream_id"]
+    assert httpx.get(f"{survivor.url}/v1/streams/{sid}").json()["status"] == "running"
     deadline = time.monotonic() + 90
     while True:
         status = httpx.get(f"{survivor.url}/v1/streams/{sid}").json()
@@ -98,3 +107,8 @@ def test_orphaned_stream_is_finished_by_the_sweeper_without_a_reader(
         assert time.monotonic() < deadline, status
         time.sleep(0.5)
     assert status["status"] == "done"
+    assert status["finish_reason"] == "length"
+    with httpx.Client(base_url=survivor.url, timeout=60) as client:
+        frames = read_stream(client, "GET", f"/v1/streams/{sid}/events")
+    assert [f.id for f in frames] == list(range(len(frames)))
+    assert sum(len(f.data["token_ids"]) for f in frames if f.event == "token") == 1000

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from rag_stream.ingest.service import Ingestor
 from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
 from rag_stream.retrieval.retriever import Retriever
-from rag_stream.retrieval.vector_store import COLLECTION, QdrantVectorStore
+from rag_stream.retrieval.vector_store import COLLECTION, QdrantVectorStore, VectorStore
 from rag_stream.settings import IngestSettings
 from rag_stream.store.db import create_db, upgrade
 from rag_stream.store.models import Chunk, Document, KnowledgeBase
@@ -41,10 +41,10 @@ class Stack:
     ingestor: Ingestor
     retriever: Retriever
 
-    def another_ingestor(self, cls: type[Ingestor] = Ingestor) -> Ingestor:
+    def another_ingestor(self, vectors: VectorStore | None = None) -> Ingestor:
         """A second ingestor on the same stores with its own in-process locks, as a second
-        server process would have."""
-        return cls(self.sessions, self.vectors, self.embedder, SMALL_CHUNKS)
+        server process would have; ``vectors`` wraps ``self.vectors`` to inject faults."""
+        return Ingestor(self.sessions, vectors or self.vectors, self.embedder, SMALL_CHUNKS)
 
     async def new_kb(self, name: str | None = None) -> str:
         async with self.sessions() as session:

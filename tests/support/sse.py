@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +19,16 @@ class Frame:
 
 
 def read_stream(
-    client: httpx.Client, method: str, url: str, *, stop_after: int | None = None, **kwargs: Any
+    client: httpx.Client,
+    method: str,
+    url: str,
+    *,
+    stop_after: int | None = None,
+    on_frame: Callable[[Frame], None] | None = None,
+    **kwargs: Any,
 ) -> list[Frame]:
-    """Read frames until the stream ends (or stop_after frames, then disconnect)."""
+    """Read frames until the stream ends (or stop_after frames, then disconnect); call
+    ``on_frame`` after each. An event sent without an id (a reader's own error) gets id -1."""
     frames: list[Frame] = []
     with connect_sse(client, method, url, **kwargs) as source:
         source.response.raise_for_status()
@@ -29,7 +37,10 @@ def read_stream(
                 # a keep-alive comment: httpx-sse surfaces it as an empty event because the
                 # last id carries over; browsers (per the SSE spec) dispatch nothing
                 continue
-            frames.append(Frame(int(sse.id), sse.event, json.loads(sse.data)))
+            frame = Frame(int(sse.id) if sse.id else -1, sse.event, json.loads(sse.data))
+            frames.append(frame)
+            if on_frame is not None:
+                on_frame(frame)
             if stop_after is not None and len(frames) >= stop_after:
                 break
     return frames

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rag_stream.errors import ConfigError
@@ -58,4 +60,32 @@ def test_production_profile_requires_external_services(monkeypatch: pytest.Monke
     monkeypatch.setenv("RAG_STREAM_PROFILE", "production")
     monkeypatch.setenv("RAG_STREAM_REDIS_URL", "redis://r:6379/0")
     with pytest.raises(ConfigError, match="set RAG_STREAM_DATABASE_URL, RAG_STREAM_QDRANT_URL"):
+        load_settings()
+
+
+def test_profile_keyword_beats_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAG_STREAM_PROFILE", "default")
+    settings = load_settings(profile="test")
+    assert settings.profile == "test"
+    assert settings.engine.max_model_len == 2048  # from configs/test.yaml
+
+
+def test_profile_that_is_not_a_mapping_names_the_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "broken.yaml").write_text("- ab\n- cd\n")
+    monkeypatch.setenv("RAG_STREAM_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setenv("RAG_STREAM_PROFILE", "broken")
+    with pytest.raises(
+        ConfigError, match=r"^RAG_STREAM_PROFILE: .*broken\.yaml must contain a mapping$"
+    ):
+        load_settings()
+
+
+@pytest.mark.parametrize("name", ["RAG_STREAM_REDIS_URL", "RAG_STREAM_KV__REDIS_URL"])
+def test_redis_urls_need_a_redis_scheme(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    monkeypatch.setenv(name, "http://127.0.0.1:6379")
+    with pytest.raises(
+        ConfigError, match=f"^{name}: must start with redis://, rediss:// or unix://$"
+    ):
         load_settings()

@@ -1,0 +1,147 @@
+"""Producers: run each stream's producer as a task of this process, writing the event log.
+
+``start`` creates a stream (its ``stream`` event and lease) and runs the kind's first producer;
+``spawn`` runs any producer (a continuation after a takeover, too) from a given next event id.
+The HTTP response that asked for a stream is only a reader, so a client leaving changes nothing.
+A stream always ends with a terminal event, written together with its final status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+import uuid
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
+
+from rag_stream.errors import EventLogUnavailable, RagStreamError
+from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason, StreamStarted
+from rag_stream.settings import StreamingSettings
+from rag_stream.streaming.context import Stopped, StreamContext
+from rag_stream.streaming.event_log import EventLog, NewStream
+from rag_stream.streaming.kinds import Producer, StreamKind
+from rag_stream.streaming.writer import StreamWriter
+
+logger = logging.getLogger(__name__)
+
+
+def new_stream_id() -> str:
+    return secrets.token_urlsafe(24)  # 192 random bits
+
+
+class Producers:
+    def __init__(self, event_log: EventLog, cfg: StreamingSettings) -> None:
+        self.event_log = event_log
+        self.cfg = cfg
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def active(self) -> int:
+        """Streams this process is generating now."""
+        return len(self._tasks)
+
+    def owns(self, stream_id: str) -> bool:
+        return stream_id in self._tasks
+
+    async def start(self, kind: StreamKind, producer: Producer) -> str:
+        """Create a stream of ``kind`` and run its first producer; return the stream id."""
+        sid = new_stream_id()
+        first = StreamStarted(
+            id=0,
+            stream_id=sid,
+            conversation_id=producer.conversation_id,
+            model=producer.model,
+            created=time.time(),
+        )
+        new = NewStream(model=producer.model, kind=kind.name, created=first.created)
+        await self.event_log.create(sid, first, new, self.owner, self.cfg.lease_ms)
+        self.spawn(sid, 1, lambda: producer)
+        return sid
+
+    def spawn(
+        self, sid: str, next_id: int, make: Callable[[], Producer], *, cancelled: bool = False
+    ) -> None:
+        """Run the producer ``make()`` for a stream this process holds the lease of."""
+        task = asyncio.create_task(
+            self._produce(sid, next_id, make, cancelled), name=f"stream-{sid[:8]}"
+        )
+        self._tasks[sid] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(sid, None))
+
+    async def _produce(
+        self,
+        sid: str,
+        next_id: int,
+        make: Callable[[], Producer],
+        cancelled: bool,
+    ) -> None:
+        writer = StreamWriter(self.event_log, sid, self.owner, next_id, self.cfg)
+        run_id = f"{sid}:{uuid.uuid4().hex[:8]}"
+        status = "done"
+        try:
+            producer = make()
+            ctx = StreamContext(sid, run_id, writer, self.event_log, producer.accepted_at)
+            reason: FinishReason = "cancelled"
+            try:
+                if not cancelled:
+                    reason = await producer.run(ctx)
+            except Stopped:
+                reason = "cancelled"
+            finally:
+                await writer.close()
+            if writer.stop_reason in ("lost", "log_unavailable"):
+                return  # another process owns the stream now, or Redis is gone
+            if writer.stop_reason is not None:
+                reason = "cancelled"
+            terminal: Event = await producer.finish(ctx, reason, writer.next_id)
+        except asyncio.CancelledError:
+            # this process is shutting down: leave the stream to be taken over elsewhere
+            with contextlib.suppress(Exception):
+                await writer.run_stop_callbacks()
+            raise
+        except Exception as exc:
+            if writer.stop_reason in ("lost", "log_unavailable"):
+                return
+            status = "error"
+            terminal = error_event(writer.next_id, exc)
+        await self.finish(sid, [*writer.take_buffer(), terminal], status, terminal)
+
+    async def finish(self, sid: str, events: list[Event], status: str, terminal: Event) -> None:
+        """Write the last events and the final status together (retrying while Redis blips)."""
+        reason = terminal.finish_reason if isinstance(terminal, Done) else "error"
+        for attempt in range(self.cfg.redis_retries + 1):
+            try:
+                await self.event_log.finish(
+                    sid, self.owner, events, status, reason, self.cfg.retention_s
+                )
+                return
+            except RedisError as exc:
+                logger.warning("stream %s: finish failed (%s), attempt %d", sid, exc, attempt)
+                await asyncio.sleep(0.2 * (attempt + 1))
+        logger.error("stream %s: could not write its end; it will be taken over later", sid)
+
+    async def close(self) -> None:
+        """Cancel every producer of this process (their streams are taken over elsewhere)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def error_event(event_id: int, exc: BaseException) -> ErrorEvent:
+    if isinstance(exc, RagStreamError):
+        return ErrorEvent(id=event_id, code=exc.code, message=exc.message)
+    if isinstance(exc, RedisError):
+        err = EventLogUnavailable(f"event log unavailable: {exc}")
+        return ErrorEvent(id=event_id, code=err.code, message=err.message)
+    logger.exception("stream failed", exc_info=exc)
+    return ErrorEvent(id=event_id, code="internal_error", message="generation failed unexpectedly")

@@ -1,0 +1,94 @@
+"""Streams: the one object routes use to start, follow, inspect and cancel streams.
+
+It composes the parts, each in its own module: ``Producers`` run this process's producers,
+``Takeover`` continues streams whose process died (and sweeps orphans), ``Readers`` follow a
+log from a cursor. Any process sharing the Redis log can serve any of these for any stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from redis.exceptions import RedisError
+
+from rag_stream.errors import EventLogUnavailable, InvalidRequest, NotFound
+from rag_stream.schemas.events import Event
+from rag_stream.settings import StreamingSettings
+from rag_stream.streaming.event_log import EventLog, StreamMeta
+from rag_stream.streaming.kinds import KindRegistry, Producer, StreamKind
+from rag_stream.streaming.producer import Producers
+from rag_stream.streaming.reader import Readers
+from rag_stream.streaming.takeover import Takeover
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    cancelled: bool
+    meta: StreamMeta
+    message: str
+
+
+class Streams:
+    def __init__(
+        self, event_log: EventLog, cfg: StreamingSettings, kinds: Sequence[StreamKind]
+    ) -> None:
+        self.event_log = event_log
+        self.producers = Producers(event_log, cfg)
+        self.takeover = Takeover(self.producers, KindRegistry(kinds), cfg.sweep_interval_s)
+        self.readers = Readers(event_log, self.takeover, cfg.read_block_ms)
+
+    @property
+    def active(self) -> int:
+        return self.producers.active
+
+    def start_sweeper(self) -> None:
+        self.takeover.start_sweeper()
+
+    async def close(self) -> None:
+        await self.takeover.close()
+        await self.producers.close()
+
+    async def start(self, kind: StreamKind, producer: Producer) -> str:
+        """Create a stream of ``kind`` and run ``producer`` (its first run); return its id."""
+        return await self.producers.start(kind, producer)
+
+    def follow(self, sid: str, after: int = -1) -> AsyncIterator[Event]:
+        return self.readers.follow(sid, after)
+
+    async def status(self, sid: str) -> StreamMeta:
+        try:
+            meta = await self.event_log.meta(sid)
+        except RedisError as exc:
+            raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
+        if meta is None:
+            raise NotFound(f"stream {sid!r} not found (unknown, or expired after retention)")
+        return meta
+
+    async def resume(self, sid: str, cursor: int) -> AsyncIterator[Event]:
+        """The events after ``cursor`` (-1: all), checked against the stream first."""
+        meta = await self.status(sid)
+        if cursor > meta.last_event_id:
+            raise InvalidRequest(
+                f"last_event_id {cursor} is beyond the stream's last event ({meta.last_event_id})"
+            )
+        return self.follow(sid, cursor)
+
+    async def cancel(self, sid: str, wait_s: float = 10) -> CancelOutcome:
+        meta = await self.status(sid)
+        if meta.status != "running":
+            return CancelOutcome(
+                False, meta, f"stream already finished ({meta.finish_reason}); nothing to cancel"
+            )
+        try:
+            await self.event_log.request_cancel(sid)
+            if meta.lease_owner is None:  # its process died: end it from here
+                await self.takeover.take_over(sid)
+            final = await self.readers.wait_finished(sid, timeout_s=wait_s) or meta
+        except RedisError as exc:
+            raise EventLogUnavailable(f"event log unavailable: {exc}") from exc
+        if final.status == "running":
+            return CancelOutcome(True, final, "cancel requested; the stream is ending")
+        if final.finish_reason == "cancelled":
+            return CancelOutcome(True, final, "cancelled")
+        return CancelOutcome(False, final, "the stream ended first")

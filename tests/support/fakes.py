@@ -1,0 +1,86 @@
+"""Test doubles for the streaming layer: a byte-level tokenizer and a minimal stream kind.
+
+The tokenizer makes every UTF-8 byte one token, so a Chinese character always spans several
+tokens: the hardest case for incremental detokenization, with no model files needed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from rag_stream.generation.engine import Engine
+from rag_stream.generation.stub import StubEngine
+from rag_stream.pipeline.plan import TokenPlan
+from rag_stream.pipeline.tokens import TokenOutput, token_phase
+from rag_stream.schemas.events import Done, Event, FinishReason
+from rag_stream.settings import StreamingSettings
+from rag_stream.streaming.context import StreamContext
+from rag_stream.streaming.event_log import EventLog, StreamMeta
+from rag_stream.streaming.kinds import plan_error
+from rag_stream.streaming.service import Streams
+
+
+class ByteTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return bytes(token_ids).decode("utf-8", errors="replace")
+
+
+def stub_engine(**kwargs: Any) -> StubEngine:
+    return StubEngine(ByteTokenizer(), **kwargs)
+
+
+@dataclass
+class ToyRun:
+    kind: ToyKind
+    plan: TokenPlan
+    out: TokenOutput = field(default_factory=TokenOutput)
+    first: bool = True
+    model: str = "stub"
+    conversation_id: str | None = None
+    accepted_at: float = field(default_factory=time.monotonic)
+
+    async def run(self, ctx: StreamContext) -> FinishReason:
+        if self.first:
+            await ctx.save_plan(self.plan)
+        return await token_phase(ctx, self.kind.engine, self.plan, self.out)
+
+    async def finish(self, ctx: StreamContext, reason: FinishReason, event_id: int) -> Done:
+        self.out.run.finish_reason = reason
+        self.kind.finished.append(self.out.text)
+        return Done(id=event_id, finish_reason=reason, usage=self.out.run.usage())
+
+
+class ToyKind:
+    """Generation straight from prompt ids, finishing without a database."""
+
+    name = "toy"
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.finished: list[str] = []  # the text each finished run reported
+
+    def accept(self, prompt_ids: list[int], max_tokens: int) -> ToyRun:
+        return ToyRun(self, TokenPlan(prompt_ids=prompt_ids, max_tokens=max_tokens))
+
+    async def can_continue(self, meta: StreamMeta) -> bool:
+        return meta.model == self.engine.model_name
+
+    def continuation(self, plan_json: str, logged: Sequence[Event]) -> ToyRun:
+        try:
+            plan = TokenPlan.model_validate_json(plan_json)
+        except ValidationError as exc:
+            raise plan_error(self.name, exc) from None
+        return ToyRun(self, plan, TokenOutput.from_log(logged), first=False)
+
+
+def toy_streams(log: EventLog, engine: Engine, **cfg: Any) -> tuple[Streams, ToyKind]:
+    kind = ToyKind(engine)
+    return Streams(log, StreamingSettings(**cfg), [kind]), kind

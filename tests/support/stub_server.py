@@ -1,0 +1,34 @@
+"""The real service with the stub engine at a set pace, for tests where timing is the point.
+
+``python -m tests.support.stub_server`` reads the usual settings from the environment, plus
+``STUB_TOKEN_DELAY_S`` (seconds per token). Tokens are bytes (``ByteTokenizer``), so a stream's
+length in tokens, and so its duration, is known in advance on any machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import uvicorn
+
+from rag_stream.app import create_app
+from rag_stream.generation.engine import Engine
+from rag_stream.preflight import migrate
+from rag_stream.settings import Settings, load_settings
+from tests.support.fakes import stub_engine
+
+
+def main() -> None:
+    settings = load_settings()
+    migrate(settings)
+    delay = float(os.environ.get("STUB_TOKEN_DELAY_S", "0"))
+
+    async def paced(_: Settings) -> Engine:
+        return stub_engine(delay_s=delay)
+
+    app = create_app(settings, engine_factory=paced)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The streaming layer with the stub engine on the in-process event log (no Redis, no models)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rag_stream.schemas.events import Done, ErrorEvent, Event, Token
+from rag_stream.streaming.memory_log import MemoryEventLog
+from tests.support.fakes import ByteTokenizer, stub_engine, toy_streams
+
+
+def check_one_stream(events: list[Event], n_tokens: int | None = None) -> list[int]:
+    """Contiguous ids, no token twice or missing, one terminal event; returns the token ids."""
+    assert [e.id for e in events] == list(range(len(events)))
+    tokens = [e for e in events if isinstance(e, Token)]
+    sizes = [len(t.token_ids) for t in tokens]
+    assert [t.index for t in tokens] == [sum(sizes[:i]) for i in range(len(sizes))]
+    assert isinstance(events[-1], Done | ErrorEvent)
+    ids = [i for t in tokens for i in t.token_ids]
+    if n_tokens is not None:
+        assert len(ids) == n_tokens
+    return ids
+
+
+async def test_events_are_contiguous_and_text_is_whole_characters() -> None:
+    engine = stub_engine()
+    streams, kind = toy_streams(MemoryEventLog(), engine)
+    sid = await streams.start(kind, kind.accept(list(b"hello"), 300))
+    events = [e async for e in streams.follow(sid)]
+    ids = check_one_stream(events, 300)
+    tokens = [e for e in events if isinstance(e, Token)]
+    text = "".join(t.text for t in tokens)
+    assert text == ByteTokenizer().decode(ids)
+    assert "断点续传" in text  # multi-byte characters, split over byte tokens
+    assert all("\ufffd" not in t.text for t in tokens[:-1])  # only a cut at the end may split
+    assert kind.finished == [text]
+    await streams.close()
+
+
+async def test_cancel_stops_a_running_stream() -> None:
+    engine = stub_engine(delay_s=0.002)
+    log = MemoryEventLog()
+    streams, kind = toy_streams(log, engine)
+    sid = await streams.start(kind, kind.accept([1, 2, 3], 100_000))
+    seen: list[Event] = []
+    async for event in streams.follow(sid):
+        seen.append(event)
+        if len(seen) == 5:  # the stream is demonstrably running
+            outcome = await streams.cancel(sid)
+            assert outcome.cancelled
+    check_one_stream(seen)
+    done = seen[-1]
+    assert isinstance(done, Done) and done.finish_reason == "cancelled"
+    assert done.usage.completion_tokens < 100_000
+    again = await streams.cancel(sid)
+    assert not again.cancelled and "already finished" in again.message
+    await streams.close()
+
+
+async def test_takeover_continues_without_gap_or_repeat() -> None:
+    engine = stub_engine(delay_s=0.001)
+    log = MemoryEventLog()
+    crashing, kind = toy_streams(log, engine, lease_ms=500)
+    sid = await crashing.start(kind, kind.accept([7, 8, 9], 400))
+    first: list[Event] = []
+    async for event in crashing.follow(sid):
+        first.append(event)
+        if len(first) == 20:
+            break
+    await crashing.close()  # its producer stops mid-stream; its lease runs out
+    assert (await log.meta(sid)).status == "running"  # type: ignore[union-attr]
+    survivor, kind2 = toy_streams(log, engine, lease_ms=500, read_block_ms=100)
+    events = [e async for e in survivor.follow(sid)]
+    ids = check_one_stream(events, 400)
+    reference = [
+        t
+        async for s in engine.generate("ref", [7, 8, 9], kind.accept([], 400).plan.sampling())
+        for t in s.token_ids
+    ]
+    assert ids == reference
+    assert [e.model_dump() for e in events[:20]] == [e.model_dump() for e in first]
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert kind2.finished == ["".join(t.text for t in tokens)]  # logged text + its own
+    await survivor.close()
+
+
+async def test_a_plan_from_another_version_ends_the_stream_with_a_clear_error() -> None:
+    engine = stub_engine(delay_s=0.001)
+    log = MemoryEventLog()
+    crashing, kind = toy_streams(log, engine, lease_ms=500)
+    sid = await crashing.start(kind, kind.accept([1], 1000))
+    await asyncio.sleep(0.05)
+    await crashing.close()
+    await log.set_plan(sid, '{"prompt_ids": [1], "max_tokens": 1000, "renamed_field": 1}')
+    survivor, _ = toy_streams(log, engine, lease_ms=500, read_block_ms=100)
+    events = [e async for e in survivor.follow(sid)]
+    check_one_stream(events)
+    error = events[-1]
+    assert isinstance(error, ErrorEvent) and error.code == "incompatible_plan"
+    assert "renamed_field" in error.message
+    await survivor.close()
+
+
+def test_cited_markers_are_the_answers_markers_that_name_a_source() -> None:
+    from rag_stream.pipeline.answer import cited_markers
+
+    text = "Herons [2] nest in the delta [1][2]; see also [9] and [0] and [ 3]."
+    assert cited_markers(text, sources=3) == [1, 2]
+    assert cited_markers("no markers", sources=3) == []
