@@ -21,10 +21,13 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag_stream.errors import ConfigError
 from rag_stream.settings import DEFAULT_EMBEDDER_DIRNAME, DEFAULT_LLM_DIRNAME, Settings
+
+if TYPE_CHECKING:
+    from rag_stream.generation.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -111,28 +114,32 @@ def make_tiny_model(out: Path, tokenizer_dir: Path, seed: int = 1234) -> Path:
 
 def verify_llm(settings: Settings, path: Path) -> str:
     """Greedy answer to a fixed question on the real vLLM engine; fail loudly if unreadable."""
-    from rag_stream.generation.engine import Sampling
     from rag_stream.generation.vllm_engine import VLLMEngine
-    from rag_stream.pipeline.tokens import TokenRun, run_tokens
 
     check = settings.model_copy(update={"model": str(path)})
 
-    async def answer() -> str:
+    async def ask() -> str:
         engine = await VLLMEngine.start(check)
         try:
-            prompt = engine.chat_prompt([{"role": "user", "content": VERIFY_QUESTION}])
-            ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
-            run = TokenRun()
-            parts = [d.text async for d in run_tokens(engine, "verify", ids, Sampling(32), run)]
-            return "".join(parts)
+            return await _answer(engine)
         finally:
-            await engine.close()
+            await engine.close()  # stops vLLM's output handler first: no error at shutdown
 
-    text = asyncio.run(answer())
+    text = asyncio.run(ask())
     letters = sum(c.isalpha() or c.isspace() for c in text)
     if not text.strip() or letters < 0.7 * len(text):
         raise ConfigError(f"prepared model at {path} does not generate readable text: {text!r}")
     return text
+
+
+async def _answer(engine: Engine) -> str:
+    from rag_stream.generation.engine import Sampling
+    from rag_stream.pipeline.tokens import TokenRun, run_tokens
+
+    prompt = engine.chat_prompt([{"role": "user", "content": VERIFY_QUESTION}])
+    ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+    run = TokenRun()
+    return "".join([d.text async for d in run_tokens(engine, "verify", ids, Sampling(32), run)])
 
 
 def prepare_models(settings: Settings, *, force: bool = False, verify: bool = True) -> None:

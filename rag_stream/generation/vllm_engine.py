@@ -7,6 +7,7 @@ needs an ``if __name__ == "__main__":`` guard.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -115,4 +116,10 @@ class VLLMEngine:
         await self._llm.abort(request_id)
 
     async def close(self) -> None:
+        # AsyncLLM.shutdown cancels its output handler only after stopping the engine core; a
+        # handler that sees the core go first logs EngineDeadError as an ERROR. Stop it first.
+        handler = getattr(self._llm, "output_handler", None)
+        if handler is not None and not handler.done():
+            handler.cancel()
+            await asyncio.wait({handler})
         await anyio.to_thread.run_sync(self._llm.shutdown)

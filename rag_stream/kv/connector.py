@@ -134,9 +134,6 @@ class RedisKVConnector(KVConnectorBase_V1):
         )
         self._load_enabled = bool(self._kv_transfer_config.is_kv_consumer)
         self._save_enabled = bool(self._kv_transfer_config.is_kv_producer)
-        # Fault injection for tests: for requests whose id starts with this, delete one
-        # matched block from Redis between the match and the load (a mid-load eviction).
-        self._evict_prefix: str | None = extra.get("test_evict_request_prefix")
         if self._kv_transfer_config.kv_load_failure_policy != "recompute":
             log.warning(
                 "RedisKVConnector: kv_load_failure_policy is %r; a block evicted between "
@@ -253,9 +250,11 @@ class RedisKVConnector(KVConnectorBase_V1):
             return
         block_ids = blocks.get_block_ids()[0][match.start : match.start + n_load]
         hashes = tracked.hashes[match.start : match.start + n_load]
-        self._loads[request.request_id] = BlockTransfer(request.request_id, block_ids, hashes)
-        if self._evict_prefix and request.request_id.startswith(self._evict_prefix):
-            self._store.delete(hashes[n_load // 2])
+        self._plan_load(BlockTransfer(request.request_id, block_ids, hashes))
+
+    def _plan_load(self, load: BlockTransfer) -> None:
+        """Queue matched blocks for the workers to load before the request's next step."""
+        self._loads[load.req_id] = load
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = RedisKVMetadata(loads=list(self._loads.values()))

@@ -4,6 +4,10 @@ Each engine must be its own process (a fresh engine is the point of a restore), 
 engine core is spawned, so this module is run as a script::
 
     python -m rag_stream.kv.probe --model PATH [--kv-url redis://...] [--kv-prefix P]
+        [--kv-connector CLASS --kv-connector-module MODULE]
+
+``--kv-connector``/``--kv-connector-module`` load a subclass of ``RedisKVConnector`` instead;
+vLLM imports it in the engine processes, which inherit this process's import path.
 
 It prints ``@@kv-probe {"ready": ...}`` once started, then reads one JSON command per line:
 ``{"op": "generate", "id": ..., "prompt_ids": [...], "max_tokens": N}`` answers with the
@@ -27,6 +31,7 @@ import time
 from typing import Any
 
 from rag_stream.generation.engine import Sampling
+from rag_stream.kv.config import CONNECTOR_MODULE, CONNECTOR_NAME
 from rag_stream.settings import load_settings
 
 MARKER = "@@kv-probe "
@@ -82,7 +87,12 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     overrides: dict[str, Any] = {}
     if settings.kv.enabled:
-        overrides["kv_transfer_config"] = transfer_config(settings, **json.loads(args.kv_extra))
+        overrides["kv_transfer_config"] = transfer_config(
+            settings,
+            connector=args.kv_connector,
+            module=args.kv_connector_module,
+            extra=json.loads(args.kv_extra),
+        )
     started = time.perf_counter()
     engine = await VLLMEngine.start(settings, **overrides)
     _emit({"ready": True, "startup_s": time.perf_counter() - started})
@@ -116,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kv-prefix", default=None)
     parser.add_argument("--kv-max-bytes", type=int, default=None)
     parser.add_argument("--kv-extra", default="{}", help="extra connector config (JSON)")
+    parser.add_argument("--kv-connector", default=CONNECTOR_NAME, help="connector class name")
+    parser.add_argument("--kv-connector-module", default=CONNECTOR_MODULE)
     asyncio.run(_serve(parser.parse_args(argv)))
 
 

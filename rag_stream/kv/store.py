@@ -196,12 +196,5 @@ class RedisBlockStore:
         except redis.RedisError as exc:
             self._failed("stats", exc)
 
-    def delete(self, block_hash: bytes) -> None:
-        """Drop one block (used by the eviction fault injection in tests)."""
-        try:
-            self._client.delete(self.key(block_hash))
-        except redis.RedisError as exc:
-            self._failed("delete", exc)
-
     def close(self) -> None:
         self._client.close()

@@ -1,26 +1,28 @@
 """KV blocks saved to Redis by one engine are restored by fresh engines (real vLLM, real Redis).
 
-Engines are expensive to start, so one module fixture runs a small scenario and the tests check
-its outcomes:
+Engines are expensive to start, so each scenario is one module fixture that runs one engine
+(or server) to the end and returns what it saw, and the tests check those outcomes. Only one
+engine is alive at a time. A scenario that fails errors only the tests that use it:
 
-- A (tiny model, connector on) generates, saving prompt and generated blocks;
-- C (tiny model, connector off) is the recompute reference for every prompt;
-- a vLLM OpenAI server with the connector restores A's blocks and saves a new prompt;
-- B (fresh, connector on) restores everything, including the server's prompt and the
-  generated blocks of A's long answer (a crash takeover), and sees one block evicted mid-load;
-- S (SmolLM2, connector on, same prefix) must not load the tiny model's blocks;
-- D (tiny, connector on a private redis-server) keeps working while that Redis is down.
+- ``reference`` (C: tiny model, connector off) recomputes every prompt;
+- ``saved`` (A: tiny, connector on) generates, saving prompt and generated blocks;
+- ``served`` (a vLLM OpenAI server with the connector) restores A's blocks and saves a prompt;
+- ``restored`` (B: fresh, connector on) restores A's blocks, including the generated blocks of
+  A's long answer (a crash takeover), and the server's prompt; one block is evicted mid-load;
+- ``other_model`` (S: SmolLM2, connector on, same prefix) must not load the tiny model's blocks;
+- ``redis_down`` (D: tiny, connector on a private redis-server) keeps working while it is down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,10 @@ import redis
 
 from rag_stream.kv.config import transfer_config_json
 from rag_stream.kv.probe import ProbeProcess
+from rag_stream.kv.store import index_key, stats_key, total_key
 from rag_stream.settings import load_settings
 from tests.conftest import REDIS_URL
+from tests.support import kv_eviction
 from tests.support.server import ROOT, free_port
 
 pytestmark = pytest.mark.engine
@@ -39,6 +43,11 @@ pytestmark = pytest.mark.engine
 BLOCK = 128
 GEN = 24
 LENGTHS = (300, 600, 1100)
+LONG = ("len300", "len600", "len1100")
+STORY = 200  # tokens of the long answer
+CUT = 190  # the stream "crashed" after this many; the takeover prompt is everything so far
+
+Outcome = dict[str, Any]
 
 
 def make_prompt(seed: int, n: int) -> list[int]:
@@ -46,22 +55,69 @@ def make_prompt(seed: int, n: int) -> list[int]:
     return [rng.randrange(100, 40000) for _ in range(n)]
 
 
+PROMPTS = {
+    **{f"len{n}": make_prompt(n, n) for n in LENGTHS},
+    "evict": make_prompt(11, 700),
+    "story": make_prompt(7, 200),
+    "server": make_prompt(13, 500),
+    "down": make_prompt(17, 400),
+}
+
+
+def takeover_prompt(story: Outcome) -> list[int]:
+    return [*PROMPTS["story"], *story["token_ids"][:CUT]]
+
+
 def full_blocks(n_tokens: int) -> int:
-    """Blocks a fresh engine can restore for a prompt of n tokens (the last is computed)."""
+    """Tokens a fresh engine can restore for a prompt of n tokens (the last is computed)."""
     return (n_tokens - 1) // BLOCK * BLOCK
 
 
+def saved_blocks(n_prompt: int, n_generated: int) -> int:
+    """KV exists for every position but the last generated token; every full block is saved."""
+    return (n_prompt + n_generated - 1) // BLOCK
+
+
+# What A generates: tokens per prompt, and the blocks that makes it save.
+A_ANSWERS = {**dict.fromkeys((*LONG, "evict"), GEN), "story": STORY}
+A_SAVES = sum(saved_blocks(len(PROMPTS[name]), n) for name, n in A_ANSWERS.items())
+
+
 def stats(client: redis.Redis, prefix: str) -> dict[str, int]:
-    raw = client.hgetall(f"{prefix}:stats")
+    raw: dict[bytes, bytes] = client.hgetall(stats_key(prefix))  # type: ignore[assignment]
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
-def wait_for(predicate: Any, timeout_s: float = 30) -> None:
+def settle(predicate: Callable[[], bool], timeout_s: float = 30) -> bool:
+    """Wait for asynchronous saves or counters; the tests assert on what was reached."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
+            return False
         time.sleep(0.2)
+    return True
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 30) -> None:
+    if not settle(predicate, timeout_s):
+        raise TimeoutError("condition not reached")
+
+
+def connector_on(prefix: str, url: str = REDIS_URL) -> tuple[str, ...]:
+    return ("--kv-url", url, "--kv-prefix", prefix)
+
+
+@contextlib.contextmanager
+def engine(
+    logs: Path, name: str, model: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[ProbeProcess]:
+    """A fresh probe engine, stopped on the way out (each holds ~3 GB)."""
+    probe = ProbeProcess(["--model", str(model), *args], str(logs / f"{name}.log"), env)
+    try:
+        probe.wait_ready()
+        yield probe
+    finally:
+        probe.close()
 
 
 class PrivateRedis:
@@ -143,7 +199,7 @@ class ApiServer:
             time.sleep(0.5)
         raise TimeoutError(f"api_server not ready; see {self.log_path}")
 
-    def complete(self, prompt_ids: list[int], max_tokens: int) -> dict[str, Any]:
+    def complete(self, prompt_ids: list[int], max_tokens: int) -> Outcome:
         body = {
             "model": self.model,
             "prompt": prompt_ids,
@@ -161,14 +217,13 @@ class ApiServer:
         }
 
     def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         self._log.close()
 
 
@@ -182,166 +237,210 @@ def kv_prefix() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def scenario(
-    tiny_model: Path, smollm2_path: Path, kv_prefix: str, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Any]:
-    logs = tmp_path_factory.mktemp("kv-logs")
-    shared = redis.Redis.from_url(REDIS_URL)
-    private = PrivateRedis(tmp_path_factory.mktemp("private-redis"))
-    private.start()
-    private_client = redis.Redis.from_url(private.url)
+def shared() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(REDIS_URL)
+    yield client
+    client.close()
 
-    engines: list[ProbeProcess] = []
 
-    def probe(name: str, model: Path, *extra: str) -> ProbeProcess:
-        # one engine at a time: each costs ~3 GB, and the suite's servers are alive too
-        for running in engines:
-            running.close()
-        engine = ProbeProcess(["--model", str(model), *extra], str(logs / f"{name}.log"))
-        engines.append(engine)
-        return engine
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kv-logs")
 
-    on = ("--kv-url", REDIS_URL, "--kv-prefix", kv_prefix)
-    prompts = {f"len{n}": make_prompt(n, n) for n in LENGTHS}
-    prompts["evict"] = make_prompt(11, 700)
-    prompts["story"] = make_prompt(7, 200)
-    prompts["server"] = make_prompt(13, 500)
-    prompts["down"] = make_prompt(17, 400)
-    out: dict[str, Any] = {"prompts": prompts}
-    kv_json = transfer_config_json(
-        load_settings(kv={"enabled": True, "redis_url": REDIS_URL, "key_prefix": kv_prefix})
-    )
-    # Engines start one after another, each fresh: none has seen a prompt before its first
-    # request, which comes after A has saved.
-    server: ApiServer | None = None
-    try:
-        a = probe("A", tiny_model, *on)
-        a.wait_ready()
-        for name in ("len300", "len600", "len1100", "evict"):
-            out[f"A:{name}"] = a.generate(f"a-{name}", prompts[name], GEN)
-        story = a.generate("a-story", prompts["story"], 200)
-        out["A:story"] = story
-        # The stream "crashed" after 190 tokens; the takeover prompt is everything so far.
-        prompts["takeover"] = prompts["story"] + story["token_ids"][:190]
-        # KV for every position but the last generated token; every full block is saved.
-        saved = sum((len(prompts[k]) + GEN - 1) // BLOCK for k in ("len300", "len600", "len1100"))
-        saved += (len(prompts["evict"]) + GEN - 1) // BLOCK + (200 + 200 - 1) // BLOCK
-        out["A:expected_saved"] = saved
-        wait_for(lambda: stats(shared, kv_prefix).get("blocks_saved", 0) >= saved)
+
+@pytest.fixture(scope="module")
+def reference(tiny_model: Path, logs: Path) -> dict[str, Outcome]:
+    """C: every prompt recomputed with the connector off, and the takeover of its long answer."""
+    out: dict[str, Outcome] = {}
+    with engine(logs, "C", tiny_model) as c:
+        for name, ids in PROMPTS.items():
+            out[name] = c.generate(f"c-{name}", ids, STORY if name == "story" else GEN)
+        out["takeover"] = c.generate("c-takeover", takeover_prompt(out["story"]), STORY - CUT)
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved(tiny_model: Path, kv_prefix: str, shared: redis.Redis, logs: Path) -> dict[str, Any]:
+    """A: the first engine on a fresh prefix; its answers and the counters once saves landed."""
+    out: dict[str, Any] = {}
+    with engine(logs, "A", tiny_model, *connector_on(kv_prefix)) as a:
+        for name, max_tokens in A_ANSWERS.items():
+            out[name] = a.generate(f"a-{name}", PROMPTS[name], max_tokens)
+        settle(lambda: stats(shared, kv_prefix).get("blocks_saved", 0) >= A_SAVES)
         time.sleep(1)  # let any unexpected extra write land before counting
-        out["A:stats"] = stats(shared, kv_prefix)
-        a.close()
+        out["stats"] = stats(shared, kv_prefix)
+    return out
 
-        server = ApiServer(tiny_model, kv_json, logs / "api_server.log")
+
+@pytest.fixture(scope="module")
+def served(
+    tiny_model: Path,
+    kv_prefix: str,
+    shared: redis.Redis,
+    logs: Path,
+    saved: dict[str, Any],  # A's blocks are in Redis before the server starts
+) -> dict[str, Any]:
+    """The vLLM OpenAI server: a prompt A saved, then a new prompt, and how many blocks it saved."""
+    settings = load_settings(kv={"enabled": True, "redis_url": REDIS_URL, "key_prefix": kv_prefix})
+    server = ApiServer(tiny_model, transfer_config_json(settings), logs / "api_server.log")
+    out: dict[str, Any] = {}
+    try:
         server.wait_ready()
-        out["server:len600"] = server.complete(prompts["len600"], GEN)
-        before = stats(shared, kv_prefix)["blocks_saved"]
-        out["server:server"] = server.complete(prompts["server"], GEN)
-        wait_for(lambda: stats(shared, kv_prefix)["blocks_saved"] > before)
-        out["server:saved"] = stats(shared, kv_prefix)["blocks_saved"] - before
-        server.stop()
-
-        c = probe("C", tiny_model)
-        c.wait_ready()
-        for name, ids in prompts.items():
-            max_tokens = 200 - 190 if name == "takeover" else GEN
-            out[f"C:{name}"] = c.generate(f"c-{name}", ids, max_tokens)
-        b = probe("B", tiny_model, *on, "--kv-extra", '{"test_evict_request_prefix": "evict-"}')
-        b.wait_ready()
-        for name in ("len300", "len600", "len1100", "server"):
-            out[f"B:{name}"] = b.generate(f"b-{name}", prompts[name], GEN)
-        out["B:takeover"] = b.generate("b-takeover", prompts["takeover"], 10)
-        failures = stats(shared, kv_prefix).get("load_failures", 0)
-        out["B:evict"] = b.generate("evict-1", prompts["evict"], GEN)
-        wait_for(lambda: stats(shared, kv_prefix).get("load_failures", 0) > failures)
-        out["B:stats"] = stats(shared, kv_prefix)
-        s = probe("S", smollm2_path, *on)
-        s.wait_ready()
-        hits = stats(shared, kv_prefix).get("hit_blocks", 0)
-        out["S:len600"] = s.generate("s-len600", prompts["len600"], GEN)
-        out["S:new_hits"] = stats(shared, kv_prefix).get("hit_blocks", 0) - hits
-        out["S:tiny_keys_left"] = sum(1 for _ in shared.scan_iter(f"{kv_prefix}:*", count=1000))
-        d = probe(
-            "D", tiny_model, "--kv-url", private.url, "--kv-prefix", "d", "--no-prefix-caching"
-        )
-        d.wait_ready()
-        out["D:up"] = d.generate("d-1", prompts["down"], GEN)
-        wait_for(lambda: stats(private_client, "d").get("blocks_saved", 0) > 0)
-        private.stop()
-        out["D:down"] = d.generate("d-2", prompts["down"], GEN)
-        private.start()
-        time.sleep(6)  # the store waits 5 s before trying a Redis that failed
-        out["D:recovered"] = d.generate("d-3", prompts["down"], GEN)
-        wait_for(lambda: stats(private_client, "d").get("blocks_saved", 0) > 0)
-        out["D:restored"] = d.generate("d-4", prompts["down"], GEN)
+        out["len600"] = server.complete(PROMPTS["len600"], GEN)
+        before = stats(shared, kv_prefix).get("blocks_saved", 0)
+        out["server"] = server.complete(PROMPTS["server"], GEN)
+        expected = before + saved_blocks(len(PROMPTS["server"]), GEN)
+        settle(lambda: stats(shared, kv_prefix).get("blocks_saved", 0) >= expected)
+        out["saved"] = stats(shared, kv_prefix).get("blocks_saved", 0) - before
     finally:
-        if server is not None:
-            server.stop()
-        for engine in engines:
-            engine.close()
-        private.stop()
+        server.stop()
+    return out
+
+
+@pytest.fixture(scope="module")
+def restored(
+    request: pytest.FixtureRequest,
+    tiny_model: Path,
+    kv_prefix: str,
+    shared: redis.Redis,
+    logs: Path,
+    saved: dict[str, Any],
+) -> dict[str, Any]:
+    """B: a fresh engine on A's prefix, with a connector that evicts one block mid-load."""
+    # The server runs first, so that this engine also reads the blocks the server saved. If it
+    # fails, its own test reports it and everything else here is still checked.
+    with contextlib.suppress(Exception):
+        request.getfixturevalue("served")
+    out: dict[str, Any] = {}
+    args = (*connector_on(kv_prefix), *kv_eviction.probe_args())
+    with engine(logs, "B", tiny_model, *args, env=kv_eviction.probe_env()) as b:
+        for name in (*LONG, "server"):
+            out[name] = b.generate(f"b-{name}", PROMPTS[name], GEN)
+        out["takeover"] = b.generate("b-takeover", takeover_prompt(saved["story"]), STORY - CUT)
+        failures = stats(shared, kv_prefix).get("load_failures", 0)
+        out["evict"] = b.generate(f"{kv_eviction.EVICT_PREFIX}1", PROMPTS["evict"], GEN)
+        settle(lambda: stats(shared, kv_prefix).get("load_failures", 0) > failures)
+        out["evict_load_failures"] = stats(shared, kv_prefix).get("load_failures", 0) - failures
+    return out
+
+
+@pytest.fixture(scope="module")
+def other_model(
+    smollm2_path: Path,
+    kv_prefix: str,
+    shared: redis.Redis,
+    logs: Path,
+    saved: dict[str, Any],  # the tiny model's blocks are there to be found
+) -> dict[str, Any]:
+    """S: SmolLM2 on the tiny model's prefix, asked a prompt whose blocks are stored."""
+    bookkeeping = {f(kv_prefix).encode() for f in (stats_key, index_key, total_key)}
+    keys = shared.scan_iter(f"{kv_prefix}:*", count=1000)
+    out: dict[str, Any] = {"blocks_stored": sum(1 for key in keys if key not in bookkeeping)}
+    with engine(logs, "S", smollm2_path, *connector_on(kv_prefix)) as s:
+        hits = stats(shared, kv_prefix).get("hit_blocks", 0)
+        out["len600"] = s.generate("s-len600", PROMPTS["len600"], GEN)
+        out["new_hits"] = stats(shared, kv_prefix).get("hit_blocks", 0) - hits
+    return out
+
+
+@pytest.fixture(scope="module")
+def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path_factory.mktemp("private-redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_down(tiny_model: Path, logs: Path, private_redis: PrivateRedis) -> dict[str, Any]:
+    """D: the same prompt while Redis is up, down, back (empty), and once it saved again."""
+    client = redis.Redis.from_url(private_redis.url)
+
+    def has_saved() -> bool:
+        return stats(client, "d").get("blocks_saved", 0) > 0
+
+    out: dict[str, Any] = {}
+    args = (*connector_on("d", private_redis.url), "--no-prefix-caching")
+    with engine(logs, "D", tiny_model, *args) as d:
+        out["up"] = d.generate("d-1", PROMPTS["down"], GEN)
+        wait_for(has_saved)
+        private_redis.stop()
+        out["down"] = d.generate("d-2", PROMPTS["down"], GEN)
+        private_redis.start()
+        time.sleep(6)  # the store waits 5 s before trying a Redis that failed
+        out["recovered"] = d.generate("d-3", PROMPTS["down"], GEN)
+        settle(has_saved)
+        out["restored"] = d.generate("d-4", PROMPTS["down"], GEN)
     return out
 
 
 def test_fresh_engine_restores_prompt_blocks_and_matches_recompute(
-    scenario: dict[str, Any],
+    saved: dict[str, Any], restored: dict[str, Any], reference: dict[str, Outcome]
 ) -> None:
-    for name in ("len300", "len600", "len1100"):
-        restored, recomputed = scenario[f"B:{name}"], scenario[f"C:{name}"]
-        assert restored["cached_tokens"] == full_blocks(len(scenario["prompts"][name]))
-        assert recomputed["cached_tokens"] == 0
-        assert restored["token_ids"] == recomputed["token_ids"], name
-        assert scenario[f"A:{name}"]["token_ids"] == recomputed["token_ids"], name
+    for name in LONG:
+        assert restored[name]["cached_tokens"] == full_blocks(len(PROMPTS[name]))
+        assert reference[name]["cached_tokens"] == 0
+        assert restored[name]["token_ids"] == reference[name]["token_ids"], name
+        assert saved[name]["token_ids"] == reference[name]["token_ids"], name
 
 
-def test_every_full_prompt_and_generated_block_is_saved_once(scenario: dict[str, Any]) -> None:
-    assert scenario["A:stats"]["blocks_saved"] == scenario["A:expected_saved"]
-    assert scenario["A:stats"].get("blocks_loaded", 0) == 0
+def test_every_full_prompt_and_generated_block_is_saved_once(saved: dict[str, Any]) -> None:
+    assert saved["stats"].get("blocks_saved", 0) == A_SAVES
+    assert saved["stats"].get("blocks_loaded", 0) == 0
 
 
-def test_crash_takeover_restores_generated_blocks(scenario: dict[str, Any]) -> None:
-    takeover = scenario["prompts"]["takeover"]
-    restored = scenario["B:takeover"]
+def test_crash_takeover_restores_generated_blocks(
+    saved: dict[str, Any], restored: dict[str, Any], reference: dict[str, Outcome]
+) -> None:
+    takeover = takeover_prompt(saved["story"])
+    # The reference recomputed the takeover from its own answer: the same prompt.
+    assert takeover_prompt(reference["story"]) == takeover
     # 390 tokens: three full blocks, the third made only of generated tokens.
-    assert restored["cached_tokens"] == full_blocks(len(takeover)) == 384
-    assert restored["token_ids"] == scenario["C:takeover"]["token_ids"]
+    assert restored["takeover"]["cached_tokens"] == full_blocks(len(takeover)) == 384
+    assert restored["takeover"]["token_ids"] == reference["takeover"]["token_ids"]
     # and the takeover continues exactly where the uninterrupted run went
-    assert restored["token_ids"] == scenario["A:story"]["token_ids"][190:200]
+    assert restored["takeover"]["token_ids"] == saved["story"]["token_ids"][CUT:STORY]
 
 
-def test_block_evicted_mid_load_falls_back_to_recompute(scenario: dict[str, Any]) -> None:
-    assert scenario["B:evict"]["token_ids"] == scenario["C:evict"]["token_ids"]
-    assert scenario["B:stats"]["load_failures"] >= 1
+def test_block_evicted_mid_load_falls_back_to_recompute(
+    restored: dict[str, Any], reference: dict[str, Outcome]
+) -> None:
+    assert restored["evict"]["token_ids"] == reference["evict"]["token_ids"]
+    assert restored["evict_load_failures"] >= 1
 
 
-def test_openai_server_with_connector_loads_and_saves(scenario: dict[str, Any]) -> None:
+def test_openai_server_with_connector_loads_and_saves(
+    served: dict[str, Any], restored: dict[str, Any], reference: dict[str, Outcome]
+) -> None:
     # blocks written by the in-process engine are read by the server ...
-    assert scenario["server:len600"]["cached_tokens"] == full_blocks(600)
-    assert scenario["server:len600"]["token_ids"] == scenario["C:len600"]["token_ids"]
+    assert served["len600"]["cached_tokens"] == full_blocks(600)
+    assert served["len600"]["token_ids"] == reference["len600"]["token_ids"]
     # ... and blocks the server wrote are read by a fresh in-process engine
-    assert scenario["server:saved"] == (500 + GEN - 1) // BLOCK
-    assert scenario["B:server"]["cached_tokens"] == full_blocks(500)
-    assert scenario["B:server"]["token_ids"] == scenario["C:server"]["token_ids"]
+    assert served["saved"] == saved_blocks(500, GEN)
+    assert restored["server"]["cached_tokens"] == full_blocks(500)
+    assert restored["server"]["token_ids"] == reference["server"]["token_ids"]
 
 
-def test_blocks_of_another_model_are_never_loaded(scenario: dict[str, Any]) -> None:
-    assert scenario["S:len600"]["cached_tokens"] == 0
-    assert scenario["S:new_hits"] == 0
-    assert scenario["S:tiny_keys_left"] > 0  # the tiny model's blocks were there to be found
+def test_blocks_of_another_model_are_never_loaded(other_model: dict[str, Any]) -> None:
+    assert other_model["blocks_stored"] > 0  # the tiny model's blocks were there to be found
+    assert other_model["len600"]["cached_tokens"] == 0
+    assert other_model["new_hits"] == 0
 
 
-def test_engine_survives_redis_down_and_recovers(scenario: dict[str, Any]) -> None:
-    reference = scenario["C:down"]["token_ids"]
-    assert scenario["D:up"]["token_ids"] == reference
-    assert scenario["D:down"]["cached_tokens"] == 0
-    assert scenario["D:down"]["token_ids"] == reference
-    assert scenario["D:recovered"]["token_ids"] == reference
-    assert scenario["D:restored"]["cached_tokens"] == full_blocks(400)
-    assert scenario["D:restored"]["token_ids"] == reference
+def test_engine_survives_redis_down_and_recovers(
+    redis_down: dict[str, Any], reference: dict[str, Outcome]
+) -> None:
+    expected = reference["down"]["token_ids"]
+    assert redis_down["up"]["token_ids"] == expected
+    assert redis_down["down"]["cached_tokens"] == 0
+    assert redis_down["down"]["token_ids"] == expected
+    assert redis_down["recovered"]["token_ids"] == expected
+    assert redis_down["restored"]["cached_tokens"] == full_blocks(400)
+    assert redis_down["restored"]["token_ids"] == expected
 
 
 def test_kv_stats_reports_saved_loaded_and_hit_rate(
-    scenario: dict[str, Any], kv_prefix: str
+    saved: dict[str, Any], restored: dict[str, Any], kv_prefix: str
 ) -> None:
     import asyncio
 
@@ -357,7 +456,7 @@ def test_kv_stats_reports_saved_loaded_and_hit_rate(
             await client.aclose()
 
     result = asyncio.run(read())
-    assert result["blocks_saved"] >= scenario["A:expected_saved"]
+    assert result["blocks_saved"] >= A_SAVES
     assert result["blocks_loaded"] > 0 and result["bytes_loaded"] > 0
     assert 0 < result["hit_rate"] < 1
     assert result["stored_blocks"] > 0 and result["stored_bytes"] > 0
