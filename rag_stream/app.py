@@ -32,6 +32,7 @@ from rag_stream.api import (
     streams,
 )
 from rag_stream.api import metrics as metrics_api
+from rag_stream.api.timeouts import BodyReadTimeout
 from rag_stream.errors import RagStreamError
 from rag_stream.generation.engine import Engine
 from rag_stream.generation.slot import EngineSlot
@@ -46,9 +47,10 @@ from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import QdrantVectorStore
 from rag_stream.settings import Settings
 from rag_stream.store.db import create_db
-from rag_stream.streaming.event_log import EventLog, RedisEventLog
+from rag_stream.streaming.event_log import EventLog
 from rag_stream.streaming.memory_log import MemoryEventLog
 from rag_stream.streaming.redis_conn import open_redis
+from rag_stream.streaming.redis_log import RedisEventLog
 from rag_stream.streaming.service import Streams
 
 logger = logging.getLogger(__name__)
@@ -172,6 +174,8 @@ def create_app(
         metrics.requests.labels(path, request.method, str(response.status_code)).inc()
         return response
 
+    # a body that stalls half-way gets a 408 instead of holding its connection
+    app.add_middleware(BodyReadTimeout, timeout_s=settings.limits.body_read_timeout_s)
     for module in (
         health,
         generate,

@@ -67,6 +67,9 @@ class LimitsSettings(BaseModel):
     max_prompt_chars: int = Field(32_000, ge=1)
     max_tokens: int = Field(2048, ge=1)
     default_max_tokens: int = Field(256, ge=1)
+    # The longest wait for the next piece of a request body: a client that sends its headers
+    # and then stalls would otherwise hold a connection (and a worker's attention) indefinitely.
+    body_read_timeout_s: float = Field(30.0, gt=0)
 
 
 class AnswersSettings(BaseModel):
@@ -91,11 +94,21 @@ class StreamingSettings(BaseModel):
     flush_max_events: int = Field(32, ge=1)
     lease_ms: int = Field(3000, ge=500)
     renew_interval_s: float = Field(1.0, gt=0)
-    read_block_ms: int = Field(1000, ge=10)
+    # Readers of streams produced by another process share one blocking read per process,
+    # re-issued at least this often to pick up newly followed streams.
+    tail_block_ms: int = Field(100, ge=10)
+    # A quiet stream's producer is checked this often (one check per stream per process): a
+    # dead one (its Redis presence gone) is taken over at once, without waiting for its lease.
+    dead_check_ms: int = Field(250, ge=10)
     sweep_interval_s: float = Field(2.0, gt=0)
     abandon_after_s: float = Field(30.0, ge=0)  # 0 = never abandon
     retention_s: int = Field(3600, ge=1)
     redis_retries: int = Field(3, ge=0)
+    # Redis connections of this process. Readers hold none while they wait (see feeds.py): a
+    # producer borrows one per append (milliseconds), so this bounds concurrency, not streams;
+    # when all are busy a command waits for one (up to redis_pool_timeout_s), it never fails.
+    redis_pool_size: int = Field(64, ge=4)
+    redis_pool_timeout_s: float = Field(5.0, gt=0)
 
 
 class KVSettings(BaseModel):
@@ -117,6 +130,13 @@ class IngestSettings(BaseModel):
     chunk_tokens: int = Field(200, ge=16, le=8192)
     chunk_overlap: int = Field(32, ge=0)
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1)
+    # Uploads are parsed in worker processes (ingest/sandbox.py) within these bounds: a small
+    # hostile file can inflate to megabytes of text, or keep a parser busy for minutes.
+    max_text_chars: int = Field(2_000_000, ge=1)
+    parse_timeout_s: float = Field(20.0, gt=0)
+    # An address-space limit, not resident memory: a worker needs ~100 MB before it parses.
+    parse_memory_mb: int = Field(1024, ge=256)
+    parse_workers: int = Field(2, ge=1)  # parses at once (each a process, kept warm)
     embed_batch_size: int = Field(64, ge=1)
     # Ingest the project's docs/ into a KB named "docs" when `serve` starts.
     sample_kb: bool = False

@@ -12,7 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from rag_stream.api.deps import IngestorDep, SessionDep, SettingsDep
 from rag_stream.api.uploads import metadata_field, read_body, read_upload
-from rag_stream.errors import UnsupportedMediaType
+from rag_stream.errors import InvalidRequest, UnsupportedMediaType
 from rag_stream.ingest.documents import DocumentDraft, parse_upload
 from rag_stream.ingest.parsing import parse_text
 from rag_stream.schemas.kbs import (
@@ -24,12 +24,18 @@ from rag_stream.schemas.kbs import (
     IngestOut,
     Metadata,
 )
+from rag_stream.settings import IngestSettings
 from rag_stream.store import repositories as repo
 from rag_stream.store.models import Document
 
 router = APIRouter(prefix="/v1/kbs/{kb}/documents", tags=["documents"])
 
 _metadata = TypeAdapter(Metadata)
+# The form's text fields follow the JSON body's rules (the columns have those limits too).
+_form_title = TypeAdapter(Annotated[str, DocumentCreate.model_fields["title"]])
+_form_source = TypeAdapter(Annotated[str, DocumentCreate.model_fields["source"]])
+# SQL takes OFFSET as a 64-bit integer (SQLite fails on a wider one); no KB holds this many.
+MAX_OFFSET = 2**31 - 1
 _UPLOAD_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
@@ -66,7 +72,18 @@ def document_out(doc: Document) -> dict[str, Any]:
     }
 
 
-async def _draft(request: Request, limit: int) -> DocumentDraft:
+def _form_field(rule: TypeAdapter[str], name: str, value: str | None) -> str | None:
+    """A form field held to its rule; empty is absent (browsers send empty fields)."""
+    if not value:
+        return None
+    try:
+        return rule.validate_python(value)
+    except ValidationError as exc:
+        raise InvalidRequest(f"{name}: {exc.errors()[0]['msg']}") from None
+
+
+async def _draft(request: Request, settings: IngestSettings) -> DocumentDraft:
+    limit = settings.max_upload_bytes
     content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if content_type == "application/json":
         raw = await read_body(request, limit)
@@ -82,11 +99,13 @@ async def _draft(request: Request, limit: int) -> DocumentDraft:
             meta = _metadata.validate_python(metadata_field(upload.fields.get("metadata")))
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
-        parsed = await parse_upload(upload.data, upload.filename, upload.content_type)
+        title = _form_field(_form_title, "title", upload.fields.get("title"))
+        source = _form_field(_form_source, "source", upload.fields.get("source"))
+        parsed = await parse_upload(upload.data, upload.filename, upload.content_type, settings)
         name = PurePath(upload.filename).name if upload.filename else None
-        title = upload.fields.get("title") or parsed.title or name or "untitled"
-        source = upload.fields.get("source") or name
-        return DocumentDraft(title, parsed, source, meta)
+        if source is None and name is not None:
+            source = _form_field(_form_source, "source (the file name, by default)", name)
+        return DocumentDraft(title or parsed.title or name or "untitled", parsed, source, meta)
     raise UnsupportedMediaType(
         f"send application/json or multipart/form-data, not {content_type or 'no content type'!r}"
     )
@@ -101,7 +120,7 @@ async def upload_document(
     ingestor: IngestorDep,
 ) -> IngestOut:
     found = await ingestor.resolve_kb(kb)  # an unknown kb is a 404 before the body is read
-    draft = await _draft(request, settings.ingest.max_upload_bytes)
+    draft = await _draft(request, settings.ingest)
     result = await ingestor.ingest(found.id, draft)
     if not result.created:
         response.status_code = 200
@@ -117,7 +136,7 @@ async def list_documents(
     kb: str,
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 20,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> DocumentPage:
     found = await repo.resolve_kb(session, kb)
     docs, total = await repo.list_documents(session, found.id, limit, offset)

@@ -2,33 +2,49 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response
+from sse_starlette import EventSourceResponse
 
 from rag_stream.api.deps import SettingsDep, StreamsDep
 from rag_stream.errors import InvalidRequest
-from rag_stream.schemas.streams import CancelResponse, StreamStatus
+from rag_stream.schemas.streams import (
+    EVENT_ID_MAX,
+    SSE_RESPONSES,
+    CancelResponse,
+    StreamStatus,
+)
 from rag_stream.streaming.event_log import StreamMeta
 from rag_stream.streaming.sse import event_stream_response
 
 router = APIRouter(tags=["streams"])
 
+# ASCII digits only: int() would also take "1_0", "+1" and other scripts' digits.
+_EVENT_ID = re.compile(r"-?[0-9]+")
+
 
 def _cursor(header: str | None, query: int | None) -> int:
-    raw: str | int | None = query if query is not None else header
-    if raw is None:
-        return -1  # from the start
-    try:
-        cursor = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"Last-Event-ID must be an integer event id, got {raw!r}") from None
-    if cursor < 0:
+    """Where a reader resumes: the query parameter (bounded by its declaration) wins over the
+    header; -1 replays from the start."""
+    if query is not None:
+        return query
+    raw = (header or "").strip()
+    if not raw:
+        return -1  # absent, or sent empty: browsers send none before their first event
+    shown = raw if len(raw) <= 40 else raw[:40] + "..."
+    if not _EVENT_ID.fullmatch(raw):
+        raise InvalidRequest(f"Last-Event-ID must be an integer event id, got {shown!r}")
+    if raw.startswith("-"):
         raise InvalidRequest(
-            f"last_event_id must be >= 0 (omit it to replay from the start), got {cursor}"
+            f"Last-Event-ID must be >= 0 (omit it to replay from the start), got {shown}"
         )
-    return cursor
+    # compare lengths first: int() refuses strings of thousands of digits
+    if len(raw.lstrip("0")) > len(str(EVENT_ID_MAX)) or int(raw) > EVENT_ID_MAX:
+        raise InvalidRequest(f"Last-Event-ID must be at most {EVENT_ID_MAX}, got {shown}")
+    return int(raw)
 
 
 def _status(meta: StreamMeta) -> StreamStatus:
@@ -44,13 +60,30 @@ def _status(meta: StreamMeta) -> StreamStatus:
     )
 
 
-@router.get("/v1/streams/{stream_id}/events")
+@router.get(
+    "/v1/streams/{stream_id}/events",
+    response_class=EventSourceResponse,
+    responses=SSE_RESPONSES,
+)
 async def stream_events(
     stream_id: str,
     streams: StreamsDep,
     settings: SettingsDep,
-    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
-    last_event_id: Annotated[int | None, Query()] = None,
+    last_event_id_header: Annotated[
+        str | None,
+        Header(
+            alias="Last-Event-ID",
+            description="resume after this event id; empty or absent: from the start",
+            # documented only: _cursor checks it, with messages that say what is wrong
+            json_schema_extra={"pattern": r"^\s*[0-9]*\s*$"},
+        ),
+    ] = None,
+    last_event_id: Annotated[
+        int | None,
+        Query(
+            ge=0, le=EVENT_ID_MAX, description="resume after this event id (wins over the header)"
+        ),
+    ] = None,
 ) -> Response:
     events = await streams.resume(stream_id, _cursor(last_event_id_header, last_event_id))
     return event_stream_response(events, settings.streaming.keepalive_s)

@@ -38,7 +38,8 @@ class EngineSlot:
             if self.error:
                 raise EngineUnavailable(f"engine failed to start: {self.error}")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), timeout=1)
+                async with asyncio.timeout(1):
+                    await self._ready.wait()
         return self._engine
 
     @property

@@ -17,7 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.errors import InvalidRequest, NotFound
 from rag_stream.ingest.chunking import ChunkSpan, chunk_text
-from rag_stream.ingest.parsing import ParsedText, media_type_for, parse
+from rag_stream.ingest.parsing import ParsedText, media_type_for
+from rag_stream.ingest.sandbox import parse_in_worker
 from rag_stream.retrieval.embedder import Embedder
 from rag_stream.settings import IngestSettings
 from rag_stream.store import repositories as repo
@@ -41,10 +42,21 @@ class PreparedDocument:
     chunk_ids: list[str]
 
 
-async def parse_upload(data: bytes, filename: str | None, content_type: str | None) -> ParsedText:
-    """Parse uploaded bytes off the event loop; 415 for unknown types, 422 for unreadable ones."""
+# The parse limits of callers that pass no settings (the upload route, for now).
+DEFAULT_LIMITS = IngestSettings()
+
+
+async def parse_upload(
+    data: bytes,
+    filename: str | None,
+    content_type: str | None,
+    settings: IngestSettings = DEFAULT_LIMITS,
+) -> ParsedText:
+    """Parse uploaded bytes in a worker process, within the limits of ``settings``: 415 for an
+    unknown type, 413 for more text than ``max_text_chars``, 422 for an unreadable file or one
+    that takes longer than ``parse_timeout_s``."""
     media_type = media_type_for(filename, content_type)
-    parsed = await anyio.to_thread.run_sync(parse, data, media_type)
+    parsed = await parse_in_worker(data, media_type, settings)
     if not parsed.text.strip():
         raise InvalidRequest(f"{filename or 'the upload'} contains no text")
     return parsed

@@ -14,6 +14,7 @@ from rag_stream.errors import (
     Conflict,
     InvalidRequest,
     NotFound,
+    PayloadTooLarge,
     RagStreamError,
     UnsupportedMediaType,
 )
@@ -84,7 +85,8 @@ async def ingest_files(
     on_file: OnFile | None = None,
 ) -> IngestSummary:
     """Ingest files, embedding several at a time; a file that cannot be read is reported and
-    skipped. ``on_file`` is called once per file, with None when it failed."""
+    skipped. ``on_file`` is called once per file, with None when it failed. Parsing is bounded
+    by the ingestor's settings."""
     summary = IngestSummary()
     began = time.perf_counter()
 
@@ -106,11 +108,11 @@ async def ingest_files(
         for path in files:
             try:
                 data = await anyio.to_thread.run_sync(path.read_bytes)
-                parsed = await parse_upload(data, path.name, None)
+                parsed = await parse_upload(data, path.name, None, ingestor.settings)
             except OSError as exc:
                 record(path, InvalidRequest(f"cannot read: {exc.strerror or exc}"))
                 continue
-            except (InvalidRequest, UnsupportedMediaType) as exc:
+            except (InvalidRequest, PayloadTooLarge, UnsupportedMediaType) as exc:
                 record(path, exc)
                 continue
             draft = DocumentDraft(

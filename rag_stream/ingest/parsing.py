@@ -5,7 +5,11 @@ Markdown source); HTML is read with BeautifulSoup and flattened to one block per
 PDF text comes from pypdf, one section per page. Every ``Block`` is a span of ``ParsedText.text``,
 so chunk offsets computed from blocks point into the text that is stored and cited.
 
-``parse`` is synchronous and CPU-bound: call it through ``anyio.to_thread``.
+``parse`` is synchronous, CPU-bound and runs on untrusted bytes: uploads reach it through
+``sandbox.parse_in_worker`` (a worker process with a time and memory budget). It refuses text
+longer than ``max_text_chars`` (PDFs page by page, so pages sharing one content stream stop
+early) and turns whatever a parser raises into an InvalidRequest that names the file's problem,
+never the parser's internals.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
-from rag_stream.errors import InvalidRequest, UnsupportedMediaType
+from rag_stream.errors import InvalidRequest, PayloadTooLarge, RagStreamError, UnsupportedMediaType
 
 PLAIN = "text/plain"
 MARKDOWN = "text/markdown"
@@ -41,6 +45,12 @@ _BY_CONTENT_TYPE = {
     PDF: PDF,
 }
 SUPPORTED_SUFFIXES = tuple(_BY_SUFFIX)
+_DESCRIPTIONS = {
+    PLAIN: "the text file",
+    MARKDOWN: "the Markdown document",
+    HTML: "the HTML document",
+    PDF: "the PDF",
+}
 
 
 @dataclass(frozen=True)
@@ -75,17 +85,34 @@ def media_type_for(filename: str | None, content_type: str | None) -> str:
     )
 
 
-def parse(data: bytes, media_type: str) -> ParsedText:
+def describe(media_type: str) -> str:
+    """How messages name a file of this type ("the PDF")."""
+    return _DESCRIPTIONS.get(media_type, "the file")
+
+
+def parse(data: bytes, media_type: str, max_text_chars: int | None = None) -> ParsedText:
+    """Text and blocks of an upload; PayloadTooLarge when its text is over ``max_text_chars``."""
     if media_type == PDF:
-        return parse_pdf(data)
+        return parse_pdf(data, max_text_chars)
+    if media_type not in SUPPORTED:
+        raise UnsupportedMediaType(f"unsupported media type {media_type!r}")
     text = decode_utf8(data)
+    if media_type == HTML:
+        parsed = parse_html(text)
+        _check_length(HTML, len(parsed.text), max_text_chars)
+        return parsed
+    # Plain text and Markdown are stored as sent: no need to parse what is refused.
+    _check_length(media_type, len(text), max_text_chars)
     if media_type == MARKDOWN:
         return parse_markdown(text)
-    if media_type == HTML:
-        return parse_html(text)
-    if media_type == PLAIN:
-        return parse_plain(text)
-    raise UnsupportedMediaType(f"unsupported media type {media_type!r}")
+    return parse_plain(text)
+
+
+def _check_length(media_type: str, length: int, limit: int | None, where: str = "") -> None:
+    if limit is not None and length > limit:
+        raise PayloadTooLarge(
+            f"{describe(media_type)} has more text than the limit of {limit} characters{where}"
+        )
 
 
 def parse_text(text: str, media_type: str) -> ParsedText:
@@ -241,20 +268,13 @@ def parse_html(html: str) -> ParsedText:
     return ParsedText("".join(parts), HTML, blocks, title or None)
 
 
-def parse_pdf(data: bytes) -> ParsedText:
-    from pypdf import PdfReader
-    from pypdf.errors import PyPdfError
-
+def parse_pdf(data: bytes, max_text_chars: int | None = None) -> ParsedText:
     try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise InvalidRequest("PDF is encrypted; upload an unencrypted copy")
-        pages = [normalize(page.extract_text() or "").strip() for page in reader.pages]
-        meta_title = reader.metadata.title if reader.metadata else None
-    except InvalidRequest:
+        pages, title = _pdf_pages(data, max_text_chars)
+    except (RagStreamError, MemoryError):
         raise
-    except (PyPdfError, ValueError, KeyError, TypeError, OSError) as exc:
-        raise InvalidRequest(f"not a readable PDF: {exc}") from None
+    except Exception as exc:  # a hostile file reaches any corner of pypdf: each is a 422
+        raise _unreadable_pdf(exc) from None
     if not any(pages):
         raise InvalidRequest(
             f"PDF has no extractable text ({len(pages)} page(s)); "
@@ -272,5 +292,60 @@ def parse_pdf(data: bytes) -> ParsedText:
         parts.append(page)
         blocks.extend(paragraph_blocks(page, pos, f"page {number}"))
         pos += len(page)
-    title = str(meta_title).strip() if meta_title else None
-    return ParsedText("".join(parts), PDF, blocks, title or None)
+    return ParsedText("".join(parts), PDF, blocks, title)
+
+
+def _pdf_pages(data: bytes, max_text_chars: int | None) -> tuple[list[str], str | None]:
+    """Each page's text, and the title from the metadata."""
+    from pypdf import PdfReader
+
+    reader = PdfReader(io.BytesIO(data))
+    if reader.is_encrypted and not reader.decrypt(""):
+        raise InvalidRequest("PDF is encrypted; upload an unencrypted copy")
+    pages: list[str] = []
+    length = 0  # of the text parse_pdf joins, counted page by page so the limit stops early
+    count = len(reader.pages)
+    for number, page in enumerate(reader.pages, start=1):
+        text = normalize(page.extract_text() or "").strip()
+        if text:
+            length += len(text) + (2 if length else 0)
+            _check_length(PDF, length, max_text_chars, f" (reached on page {number} of {count})")
+        pages.append(text)
+    title = str(reader.metadata.title or "").strip() if reader.metadata else ""
+    return pages, title[:512] or None  # outside the text limit; documents keep 512 anyway
+
+
+_CRYPTO_MODULES = ("pypdf._encryption", "pypdf._crypt_providers")
+_OBJECT_REPR = re.compile(r"IndirectObject\((\d+), (\d+), \d+\)")
+
+
+def _unreadable_pdf(exc: Exception) -> InvalidRequest:
+    """The file's problem, in words a person uploading it can act on."""
+    from pypdf.errors import PyPdfError
+
+    if isinstance(exc, RecursionError):
+        return InvalidRequest("the PDF is nested too deeply to parse")
+    if _raised_in(exc, _CRYPTO_MODULES):
+        # pypdf implements only the Standard security handler, versions 1 to 5: anything else
+        # (another handler, V=9) fails in its encryption code, and it is not a broken file.
+        return InvalidRequest(
+            "the PDF uses an encryption this server cannot read; upload an unencrypted copy"
+        )
+    problem = ""
+    if isinstance(exc, PyPdfError):
+        # pypdf's own errors describe the file ("EOF marker not found"); anything else it
+        # raises (TypeError, KeyError ...) describes its internals. An object's repr carries the
+        # reader's id(): name the object the way the PDF does instead.
+        lines = _OBJECT_REPR.sub(r"object \1 \2 R", str(exc)).strip().splitlines()
+        if lines and " at 0x" not in lines[0]:
+            problem = f": {lines[0][:200]}"
+    return InvalidRequest(f"the PDF could not be parsed{problem}")
+
+
+def _raised_in(exc: BaseException, modules: tuple[str, ...]) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith(modules):
+            return True
+        tb = tb.tb_next
+    return False

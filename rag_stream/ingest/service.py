@@ -45,6 +45,7 @@ class Ingestor:
         settings: IngestSettings,
     ) -> None:
         self._sessions = sessions
+        self.settings = settings
         self._preparer = DocumentPreparer(sessions, embedder, settings)
         self._writer = DocumentWriter(sessions, vectors, embedder, settings.embed_batch_size)
         self._wave_chunks = 8 * settings.embed_batch_size

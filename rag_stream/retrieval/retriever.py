@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -16,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from rag_stream.retrieval.embedder import Embedder
 from rag_stream.retrieval.mmr import mmr_order
 from rag_stream.retrieval.vector_store import VectorHit, VectorStore
+from rag_stream.schemas.kbs import MetaValue
 from rag_stream.store.repositories import live_chunks, resolve_kb
 
 # Qdrant may still hold vectors of a version being replaced (or of a failed ingestion being
@@ -60,12 +60,13 @@ class Retriever:
         query: str,
         top_k: int,
         *,
-        meta_filter: Mapping[str, Any] | None = None,
+        meta_filter: Mapping[str, MetaValue] | None = None,
         score_threshold: float | None = None,
         mmr: bool = False,
     ) -> list[SearchHit]:
-        """Best hits first. ``meta_filter`` matches document metadata (a list means any of);
-        ``mmr`` reorders candidates for diversity (scores stay the query similarity)."""
+        """Best hits first. ``meta_filter`` matches document metadata, every key (a list means
+        any of; see ``VectorStore.search``); ``mmr`` reorders candidates for diversity (scores
+        stay the query similarity)."""
         if top_k <= 0 or not query.strip():
             return []
         query_vector = (await self._embedder.embed([query]))[0]

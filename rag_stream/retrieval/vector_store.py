@@ -3,23 +3,33 @@
 All knowledge bases share one collection; every point carries ``kb_id``, ``document_id`` and the
 document's metadata (under ``meta``) in its payload so searches filter by kb and metadata. Point
 ids are the chunk ids, so SQL rows and vectors join one to one.
+
+Only failures to reach Qdrant (no connection, a timeout, a 5xx or 429 answer) become
+``VectorStoreUnavailable``, with a short reason; the details go to the log. Anything else (a
+request Qdrant refuses, a bug) is raised as it is and answered as an internal error.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import httpx
 import numpy as np
 from qdrant_client import AsyncQdrantClient
 from qdrant_client import models as qm
+from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from rag_stream.errors import VectorStoreUnavailable
+from rag_stream.schemas.kbs import MetaValue
 from rag_stream.settings import Settings
 
 COLLECTION = "chunks"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,10 +62,15 @@ class VectorStore(Protocol):
         kb_id: str,
         vector: Sequence[float] | np.ndarray[Any, Any],
         limit: int,
-        meta_filter: Mapping[str, Any] | None = None,
+        meta_filter: Mapping[str, MetaValue] | None = None,
         score_threshold: float | None = None,
         with_vectors: bool = False,
-    ) -> list[VectorHit]: ...
+    ) -> list[VectorHit]:
+        """Nearest points of ``kb_id`` whose metadata matches every key of ``meta_filter``: a
+        value matches equal values of the same JSON type (numbers by value, so 2 is 2.0; true
+        is not 1), a list any of its values (none, if it is empty), and a document's list
+        matches if any of its elements does."""
+        ...
 
     async def ping(self) -> None: ...
 
@@ -82,7 +97,7 @@ class QdrantVectorStore:
         return cls(AsyncQdrantClient(path=str(settings.qdrant_path)))
 
     async def ensure(self, dimension: int) -> None:
-        try:
+        with _reaching("setup"):
             if await self._client.collection_exists(COLLECTION):
                 return
             await self._client.create_collection(
@@ -93,8 +108,6 @@ class QdrantVectorStore:
                 await self._client.create_payload_index(
                     COLLECTION, key, field_schema=qm.PayloadSchemaType.KEYWORD
                 )
-        except Exception as exc:
-            raise VectorStoreUnavailable(f"vector store: {exc}") from exc
 
     async def upsert(self, points: Sequence[VectorPoint]) -> None:
         if not points:
@@ -107,51 +120,49 @@ class QdrantVectorStore:
             )
             for p in points
         ]
-        try:
+        with _reaching("upsert"):
             await self._client.upsert(COLLECTION, points=structs, wait=True)
-        except Exception as exc:
-            raise VectorStoreUnavailable(f"vector store upsert failed: {exc}") from exc
 
     async def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
         if not chunk_ids:
             return
-        try:
-            await self._client.delete(
-                COLLECTION,
-                points_selector=qm.PointIdsList(points=[_point_id(c) for c in chunk_ids]),
-                wait=True,
-            )
-        except Exception as exc:
-            raise VectorStoreUnavailable(f"vector store delete failed: {exc}") from exc
+        selector = qm.PointIdsList(points=[_point_id(c) for c in chunk_ids])
+        with _reaching("delete"):
+            await self._client.delete(COLLECTION, points_selector=selector, wait=True)
 
     async def delete_kb(self, kb_id: str) -> None:
-        selector = qm.FilterSelector(filter=_kb_filter(kb_id, None))
-        try:
+        selector = qm.FilterSelector(filter=qm.Filter(must=[_kb_condition(kb_id)]))
+        with _reaching("delete"):
             await self._client.delete(COLLECTION, points_selector=selector, wait=True)
-        except Exception as exc:
-            raise VectorStoreUnavailable(f"vector store delete failed: {exc}") from exc
 
     async def search(
         self,
         kb_id: str,
         vector: Sequence[float] | np.ndarray[Any, Any],
         limit: int,
-        meta_filter: Mapping[str, Any] | None = None,
+        meta_filter: Mapping[str, MetaValue] | None = None,
         score_threshold: float | None = None,
         with_vectors: bool = False,
     ) -> list[VectorHit]:
-        try:
+        # Built before the call: a filter Qdrant's models refuse is a bug or bad input, not an
+        # outage, and must not come back as a 503.
+        must: list[qm.Condition] = [_kb_condition(kb_id)]
+        for key, value in (meta_filter or {}).items():
+            condition = _meta_condition(f"meta.{key}", value)
+            if condition is None:
+                return []
+            must.append(condition)
+        query = [float(x) for x in vector]
+        with _reaching("search"):
             response = await self._client.query_points(
                 COLLECTION,
-                query=[float(x) for x in vector],
-                query_filter=_kb_filter(kb_id, meta_filter),
+                query=query,
+                query_filter=qm.Filter(must=must),
                 limit=limit,
                 score_threshold=score_threshold,
                 with_payload=False,
                 with_vectors=with_vectors,
             )
-        except Exception as exc:
-            raise VectorStoreUnavailable(f"vector store search failed: {exc}") from exc
         hits = []
         for point in response.points:
             vec = point.vector if isinstance(point.vector, list) else None
@@ -162,18 +173,74 @@ class QdrantVectorStore:
         try:
             await self._client.get_collections()
         except Exception as exc:
-            raise VectorStoreUnavailable(f"vector store: {exc}") from exc
+            # Readiness: whatever the failure, the store is not usable.
+            log.warning("vector store check failed", exc_info=exc)
+            reason = _outage(exc) or "unexpected error (see the server log)"
+            raise VectorStoreUnavailable(f"vector store check failed: {reason}") from exc
 
     async def close(self) -> None:
         await self._client.close()
 
 
-def _kb_filter(kb_id: str, meta_filter: Mapping[str, Any] | None) -> qm.Filter:
-    must: list[qm.Condition] = [qm.FieldCondition(key="kb_id", match=qm.MatchValue(value=kb_id))]
-    for key, value in (meta_filter or {}).items():
-        if isinstance(value, list):
-            match: qm.MatchAny | qm.MatchValue = qm.MatchAny(any=value)
-        else:
-            match = qm.MatchValue(value=value)
-        must.append(qm.FieldCondition(key=f"meta.{key}", match=match))
-    return qm.Filter(must=must)
+def _outage(exc: BaseException) -> str | None:
+    """A short reason when ``exc`` means Qdrant could not be reached or is overloaded; None
+    when it is anything else. Never the exception's text: it may hold URLs, paths, payloads."""
+    if isinstance(exc, ResponseHandlingException):  # how qdrant-client wraps transport errors
+        exc = exc.source
+    if isinstance(exc, UnexpectedResponse):
+        status = exc.status_code or 0
+        return f"it answered HTTP {status}" if status >= 500 or status == 429 else None
+    if isinstance(exc, httpx.TimeoutException | TimeoutError):
+        return "timed out"
+    if isinstance(exc, httpx.TransportError | ConnectionError):
+        return "cannot connect"
+    return None
+
+
+@contextmanager
+def _reaching(action: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        reason = _outage(exc)
+        if reason is None:
+            raise
+        log.warning("vector store %s failed", action, exc_info=exc)
+        raise VectorStoreUnavailable(f"vector store {action} failed: {reason}") from exc
+
+
+def _kb_condition(kb_id: str) -> qm.FieldCondition:
+    return qm.FieldCondition(key="kb_id", match=qm.MatchValue(value=kb_id))
+
+
+# Integers below 2**53 in size are exact as floats: a range [v, v] matches them (and equal
+# floats) and nothing else. A larger one is matched as an integer, exactly.
+_EXACT_FLOAT_INT = 2**53
+
+
+def _meta_condition(key: str, value: MetaValue) -> qm.Condition | None:
+    """The condition for one filter key: equal to the value, or to any value of a list.
+
+    Qdrant matches a point whose payload value is a list if any element matches. Types stay
+    apart as in JSON: "2" is not 2, and true is not 1 (Qdrant's exact match keeps booleans,
+    integers and strings apart, and a range never matches a boolean). Numbers compare by value,
+    so 2 matches 2.0: JSON does not tell them apart, so clients may send either. None when
+    nothing can match (an empty list).
+    """
+    values = value if isinstance(value, list) else [value]
+    strings = [v for v in values if isinstance(v, str)]
+    conditions: list[qm.Condition] = []
+    if strings:  # one MatchAny for all: the common case, and what a keyword index serves
+        conditions.append(qm.FieldCondition(key=key, match=qm.MatchAny(any=strings)))
+    for v in values:
+        if isinstance(v, str):
+            continue
+        if isinstance(v, bool) or (isinstance(v, int) and abs(v) >= _EXACT_FLOAT_INT):
+            conditions.append(qm.FieldCondition(key=key, match=qm.MatchValue(value=v)))
+        elif isinstance(v, int | float):  # MatchValue takes no floats; an int one misses 2.0
+            conditions.append(qm.FieldCondition(key=key, range=qm.Range(gte=v, lte=v)))
+        else:  # a caller that skipped the schema; an open range would match every number
+            raise TypeError(f"cannot filter {key} on a {type(v).__name__}")
+    if len(conditions) <= 1:
+        return conditions[0] if conditions else None
+    return qm.Filter(should=conditions)

@@ -8,6 +8,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag_stream.schemas.events import CitationBody, Timings, Usage
+from rag_stream.schemas.generate import MaxTokens, Seed
+
+# The configured limit (answers.max_top_k) is checked when the request is accepted; this bound
+# only keeps absurd numbers out before that.
+TOP_K_CEILING = 1000
 
 
 class AnswerRequest(BaseModel):
@@ -16,11 +21,16 @@ class AnswerRequest(BaseModel):
     kb: str = Field(min_length=1, description="knowledge base name or id")
     question: str = Field(min_length=1)
     conversation_id: str | None = None
-    top_k: int | None = Field(None, ge=0, description="0: no retrieval (history only)")
-    max_tokens: int | None = Field(None, ge=1)
+    top_k: int | None = Field(
+        None,
+        ge=0,
+        le=TOP_K_CEILING,
+        description="0: no retrieval (history only); at most the server's answers.max_top_k",
+    )
+    max_tokens: MaxTokens | None = None
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: Seed | None = None
     mmr: bool = False
     stream: bool = True
 

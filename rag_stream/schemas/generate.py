@@ -1,20 +1,37 @@
-"""POST /v1/generate."""
+"""POST /v1/generate, and the sampling fields every generating request shares."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_stream.schemas.events import Timings, Usage
+
+# vLLM serializes the request (msgspec) and seeds a torch generator with it: both take a signed
+# 64-bit integer, and a wider one fails inside the engine as a 500 or an `error` event. This is
+# the range vLLM's own OpenAI server accepts.
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
+# Far above any context window: the configured limit (limits.max_tokens) is checked when the
+# request is accepted, with its own message; this bound keeps absurd numbers out before that.
+MAX_TOKENS_CEILING = 1_000_000
+
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX, description="a signed 64-bit integer")]
+MaxTokens = Annotated[
+    int,
+    Field(ge=1, le=MAX_TOKENS_CEILING, description="at most the server's limits.max_tokens"),
+]
 
 
 class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompt: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: MaxTokens | None = None
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: Seed | None = None
     chat: bool = Field(False, description="wrap the prompt in the model's chat template")
     stream: bool = True
 

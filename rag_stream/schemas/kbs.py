@@ -2,17 +2,88 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 # Names appear in URLs next to ids, so they stay URL-safe.
 KbName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
 MetaKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 MetaScalar = str | int | float | bool
 MetaValue = MetaScalar | list[MetaScalar]
-Metadata = dict[MetaKey, MetaValue]
+
+MAX_FILTER_KEYS = 32
+MAX_FILTER_VALUES = 256
+_INT64 = (-(2**63), 2**63 - 1)  # Qdrant's payload integers
+
+
+def _meta_scalar(value: object) -> MetaScalar:
+    # By hand rather than a pydantic union: a union reports one error per member ("str: ...;
+    # int: ...; list[union[...]]: ...") and a lax member would turn 1e30 into a float; here a
+    # value keeps its JSON type (true stays a boolean, 2.0 a float) or gets one clear reason.
+    if isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise PydanticCustomError("meta_value", "integers must fit in 64 bits (signed)")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):  # not JSON: stores and responses would choke on it
+            raise PydanticCustomError("meta_value", "numbers must be finite (no NaN or infinity)")
+        return value
+    raise PydanticCustomError(
+        "meta_value", "must be a string, a number, true or false, or a list of those"
+    )
+
+
+def _meta_value(value: object) -> MetaValue:
+    if not isinstance(value, list):
+        return _meta_scalar(value)
+    if any(isinstance(v, list | dict) for v in value):
+        raise PydanticCustomError(
+            "meta_value", "a list may only hold strings, numbers, true and false"
+        )
+    return [_meta_scalar(v) for v in value]
+
+
+def _filter_value(value: object) -> MetaValue:
+    if isinstance(value, list) and not value:
+        # "any of nothing" would match nothing: far more likely a client meant "no filter"
+        raise PydanticCustomError(
+            "filter_value", "an empty list matches nothing; leave the key out instead"
+        )
+    if isinstance(value, list) and len(value) > MAX_FILTER_VALUES:
+        raise PydanticCustomError("filter_value", f"at most {MAX_FILTER_VALUES} values a key")
+    return _meta_value(value)
+
+
+def _value_schema(**list_bounds: int) -> WithJsonSchema:
+    scalar = [{"type": t} for t in ("string", "integer", "number", "boolean")]
+    array = {"type": "array", "items": {"anyOf": scalar}, **list_bounds}
+    return WithJsonSchema({"anyOf": [*scalar, array]})
+
+
+Metadata = dict[MetaKey, Annotated[MetaValue, PlainValidator(_meta_value), _value_schema()]]
+# Every metadata value an upload accepts can be matched; an empty list cannot.
+MetaFilter = dict[
+    MetaKey,
+    Annotated[
+        MetaValue,
+        PlainValidator(_filter_value),
+        _value_schema(minItems=1, maxItems=MAX_FILTER_VALUES),
+    ],
+]
 
 
 class KbCreate(BaseModel):
@@ -105,10 +176,13 @@ class SearchRequest(BaseModel):
 
     query: str = Field(min_length=1, max_length=4000)
     top_k: int = Field(5, ge=1, le=100)
-    filter: Metadata | None = Field(
-        None, description="document metadata to match; a list matches any of its values"
+    filter: MetaFilter | None = Field(
+        None,
+        description="document metadata to match, every key: a value matches equal values "
+        "(numbers by value, true/false only booleans), a list any of its values; a document "
+        "whose metadata value is a list matches if any element does",
     )
-    score_threshold: float | None = Field(None, ge=-1.0, le=1.0)
+    score_threshold: float | None = Field(None, ge=-1.0, le=1.0, allow_inf_nan=False)
     mmr: bool = Field(False, description="diversify results (maximal marginal relevance)")
 
     @field_validator("query")
@@ -116,6 +190,13 @@ class SearchRequest(BaseModel):
     def _not_blank(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("query is empty (only whitespace)")
+        return value
+
+    @field_validator("filter", mode="before")
+    @classmethod
+    def _few_keys(cls, value: object) -> object:
+        if isinstance(value, dict) and len(value) > MAX_FILTER_KEYS:
+            raise PydanticCustomError("filter_keys", f"at most {MAX_FILTER_KEYS} keys")
         return value
 
 

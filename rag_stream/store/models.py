@@ -7,7 +7,9 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
 
 
 def new_id() -> str:
@@ -18,19 +20,64 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class UTCDateTime(TypeDecorator[datetime]):
+    """A moment in UTC, read back timezone-aware on every database.
+
+    PostgreSQL keeps the offset (``timestamptz``); SQLite keeps only the wall-clock text and
+    hands back a naive value, which the API would then serve without an offset. So values are
+    converted to UTC on the way in and marked UTC on the way out. A naive value is taken to be
+    UTC already (that is what SQLite stored).
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else _as_utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else _as_utc(value)
+
+
+def _as_utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+class NulFreeString(TypeDecorator[str]):
+    """A string column every database can hold: PostgreSQL refuses U+0000 in text (the driver
+    raises, and the request that carried it became a 500), SQLite keeps it. Bound values have
+    it replaced by U+FFFD, on every database alike: stored text (a client's title, a model's
+    output) keeps its length, and a lookup by a value that holds one finds nothing (a 404)
+    instead of failing."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        if value is None or "\x00" not in value:
+            return value
+        return value.replace("\x00", "\ufffd")
+
+
+class NulFreeText(NulFreeString):
+    impl = Text
+
+
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {
         dict[str, Any]: JSON,
-        datetime: DateTime(timezone=True),
+        datetime: UTCDateTime(),
     }
 
 
 class KnowledgeBase(Base):
     __tablename__ = "knowledge_bases"
 
-    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
-    name: Mapped[str] = mapped_column(String(128), unique=True)
-    description: Mapped[str | None] = mapped_column(Text)
+    id: Mapped[str] = mapped_column(NulFreeString(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(NulFreeString(128), unique=True)
+    description: Mapped[str | None] = mapped_column(NulFreeText)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     documents: Mapped[list[Document]] = relationship(
@@ -45,13 +92,13 @@ class Document(Base):
         UniqueConstraint("kb_id", "source", name="uq_documents_kb_source"),
     )
 
-    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    id: Mapped[str] = mapped_column(NulFreeString(32), primary_key=True, default=new_id)
     kb_id: Mapped[str] = mapped_column(ForeignKey("knowledge_bases.id", ondelete="CASCADE"))
-    title: Mapped[str] = mapped_column(String(512))
-    source: Mapped[str | None] = mapped_column(String(1024))
-    content_hash: Mapped[str] = mapped_column(String(64))
-    media_type: Mapped[str] = mapped_column(String(128), default="text/plain")
-    text: Mapped[str] = mapped_column(Text)
+    title: Mapped[str] = mapped_column(NulFreeString(512))
+    source: Mapped[str | None] = mapped_column(NulFreeString(1024))
+    content_hash: Mapped[str] = mapped_column(NulFreeString(64))
+    media_type: Mapped[str] = mapped_column(NulFreeString(128), default="text/plain")
+    text: Mapped[str] = mapped_column(NulFreeText)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
     chunk_count: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -66,14 +113,14 @@ class Chunk(Base):
     __tablename__ = "chunks"
     __table_args__ = (Index("ix_chunks_document_ordinal", "document_id", "ordinal"),)
 
-    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    id: Mapped[str] = mapped_column(NulFreeString(32), primary_key=True, default=new_id)
     document_id: Mapped[str] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"))
-    kb_id: Mapped[str] = mapped_column(String(32), index=True)
+    kb_id: Mapped[str] = mapped_column(NulFreeString(32), index=True)
     ordinal: Mapped[int] = mapped_column(Integer)
-    text: Mapped[str] = mapped_column(Text)
+    text: Mapped[str] = mapped_column(NulFreeText)
     start: Mapped[int] = mapped_column(Integer)
     end: Mapped[int] = mapped_column(Integer)
-    heading: Mapped[str | None] = mapped_column(String(512))
+    heading: Mapped[str | None] = mapped_column(NulFreeString(512))
     token_count: Mapped[int] = mapped_column(Integer)
 
     document: Mapped[Document] = relationship(back_populates="chunks")
@@ -84,12 +131,12 @@ class StreamRecord(Base):
 
     __tablename__ = "streams"
 
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    model: Mapped[str] = mapped_column(String(512))
-    conversation_id: Mapped[str | None] = mapped_column(String(32), index=True)
-    finish_reason: Mapped[str] = mapped_column(String(16))
-    text: Mapped[str] = mapped_column(Text)
+    id: Mapped[str] = mapped_column(NulFreeString(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(NulFreeString(16))
+    model: Mapped[str] = mapped_column(NulFreeString(512))
+    conversation_id: Mapped[str | None] = mapped_column(NulFreeString(32), index=True)
+    finish_reason: Mapped[str] = mapped_column(NulFreeString(16))
+    text: Mapped[str] = mapped_column(NulFreeText)
     usage: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -97,8 +144,8 @@ class StreamRecord(Base):
 class Conversation(Base):
     __tablename__ = "conversations"
 
-    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
-    kb_id: Mapped[str | None] = mapped_column(String(32))
+    id: Mapped[str] = mapped_column(NulFreeString(32), primary_key=True, default=new_id)
+    kb_id: Mapped[str | None] = mapped_column(NulFreeString(32))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     messages: Mapped[list[Message]] = relationship(
@@ -113,17 +160,17 @@ class Message(Base):
     __tablename__ = "messages"
     __table_args__ = (UniqueConstraint("conversation_id", "seq", name="uq_messages_seq"),)
 
-    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    id: Mapped[str] = mapped_column(NulFreeString(32), primary_key=True, default=new_id)
     conversation_id: Mapped[str] = mapped_column(
         ForeignKey("conversations.id", ondelete="CASCADE"), index=True
     )
     seq: Mapped[int] = mapped_column(Integer)
-    role: Mapped[str] = mapped_column(String(16))
-    content: Mapped[str] = mapped_column(Text)
-    stream_id: Mapped[str | None] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(NulFreeString(16))
+    content: Mapped[str] = mapped_column(NulFreeText)
+    stream_id: Mapped[str | None] = mapped_column(NulFreeString(64), unique=True)
     citations: Mapped[dict[str, Any]] = mapped_column(default=dict)
     usage: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    finish_reason: Mapped[str | None] = mapped_column(NulFreeString(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     conversation: Mapped[Conversation] = relationship(back_populates="messages")

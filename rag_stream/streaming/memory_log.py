@@ -9,11 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rag_stream.schemas.events import Event
-from rag_stream.streaming.event_log import AppendResult, NewStream, StreamMeta, now_ms
+from rag_stream.streaming.event_log import (
+    AppendResult,
+    FinishResult,
+    NewStream,
+    StreamMeta,
+    now_ms,
+)
 
 
 @dataclass
@@ -22,7 +28,6 @@ class _Stream:
     events: list[Event] = field(default_factory=list)
     owner: str | None = None
     lease_until: float = 0.0
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def holder(self) -> str | None:
         return self.owner if self.lease_until > time.monotonic() else None
@@ -32,13 +37,20 @@ class _Stream:
             if self.events and event.id <= self.events[-1].id:
                 raise ValueError("ID specified is not greater than the last one")
             self.events.append(event)
-        self.changed.set()
-        self.changed = asyncio.Event()
+
+    def tip(self) -> int:
+        return self.events[-1].id if self.events else -1
 
 
 class MemoryEventLog:
     def __init__(self) -> None:
         self._streams: dict[str, _Stream] = {}
+        self._retired: set[str] = set()
+        self._changed = asyncio.Event()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def create(
         self, stream_id: str, first: Event, new: NewStream, owner: str, lease_ms: int
@@ -47,36 +59,53 @@ class MemoryEventLog:
         stream.owner, stream.lease_until = owner, time.monotonic() + lease_ms / 1000
         stream.add([first])
         self._streams[stream_id] = stream
+        self._notify()
 
     async def append(
-        self, stream_id: str, owner: str, events: Sequence[Event], lease_ms: int
+        self, stream_id: str, owner: str, events: Sequence[Event], lease_ms: int, after: int
     ) -> AppendResult:
-        s = self._streams[stream_id]
-        holder = s.holder()
-        if holder not in (None, owner):
+        s = self._streams.get(stream_id)
+        if s is not None and s.holder() not in (None, owner):
             return AppendResult(False, False, 0)
+        last = events[-1].id if events else after
+        if s is None or s.tip() not in (after, last):
+            return AppendResult(False, False, 0, log_lost=True)
         s.owner, s.lease_until = owner, time.monotonic() + lease_ms / 1000
-        s.add(events)
+        if s.tip() == after:
+            s.add(events)
+            self._notify()
         return AppendResult(True, s.meta.get("cancel") == "1", int(s.meta.get("seen", "0")))
 
     async def read(self, stream_id: str, after: int, block_ms: int | None) -> list[Event]:
-        s = self._streams[stream_id]
-        s.meta["seen"] = str(now_ms())
-        fresh = [e for e in s.events[after + 1 :]]
-        if fresh or block_ms is None:
-            return fresh
-        waiter = s.changed
+        return (await self.read_many({stream_id: after}, block_ms)).get(stream_id, [])
+
+    def _fresh(self, cursors: Mapping[str, int]) -> dict[str, list[Event]]:
+        found = {}
+        for sid, after in cursors.items():
+            s = self._streams.get(sid)
+            if s is not None:
+                s.meta["seen"] = str(now_ms())
+                if s.events[after + 1 :]:
+                    found[sid] = s.events[after + 1 :]
+        return found
+
+    async def read_many(
+        self, cursors: Mapping[str, int], block_ms: int | None
+    ) -> dict[str, list[Event]]:
+        found = self._fresh(cursors)
+        if found or block_ms is None:
+            return found
+        waiter = self._changed
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(waiter.wait(), timeout=block_ms / 1000)
-        return [e for e in s.events[after + 1 :]]
+            async with asyncio.timeout(block_ms / 1000):
+                await waiter.wait()
+        return self._fresh(cursors)
 
     async def meta(self, stream_id: str) -> StreamMeta | None:
         s = self._streams.get(stream_id)
         if s is None:
             return None
-        return StreamMeta.from_fields(
-            stream_id, s.meta, s.holder(), s.events[-1].id if s.events else -1
-        )
+        return StreamMeta.from_fields(stream_id, s.meta, s.holder(), s.tip())
 
     async def set_plan(self, stream_id: str, plan_json: str) -> None:
         self._streams[stream_id].meta["plan"] = plan_json
@@ -89,19 +118,42 @@ class MemoryEventLog:
         status: str,
         finish_reason: str,
         retention_s: int,
-    ) -> bool:
-        s = self._streams[stream_id]
-        if s.holder() not in (None, owner):
-            return False
-        s.add(events)
+        after: int,
+    ) -> FinishResult:
+        s = self._streams.get(stream_id)
+        if s is not None and s.holder() not in (None, owner):
+            return "lease_lost"
+        last = events[-1].id if events else after
+        if s is None or s.tip() not in (after, last):
+            return "log_lost"
+        if s.tip() == after:
+            s.add(events)
         s.meta.update(status=status, finish_reason=finish_reason)
         s.owner, s.lease_until = None, 0.0
         asyncio.get_running_loop().call_later(retention_s, self._streams.pop, stream_id, None)
-        return True
+        self._notify()
+        return "done"
 
-    async def acquire(self, stream_id: str, owner: str, lease_ms: int) -> bool:
+    async def mark_lost(
+        self, stream_id: str, owner: str, new: NewStream, error: Event, retention_s: int
+    ) -> None:
+        s = self._streams.setdefault(stream_id, _Stream({}))
+        if s.holder() not in (None, owner):
+            return
+        s.meta.update(new.fields(), status="error", finish_reason="log_lost")
+        if s.tip() < error.id:
+            s.add([error])
+        s.owner, s.lease_until = None, 0.0
+        self._notify()
+
+    async def acquire(
+        self, stream_id: str, owner: str, lease_ms: int, stale_owner: str | None = None
+    ) -> bool:
         s = self._streams.get(stream_id)
-        if s is None or s.meta["status"] != "running" or s.holder() is not None:
+        if s is None or s.meta["status"] != "running":
+            return False
+        holder = s.holder()
+        if holder is not None and (stale_owner is None or holder != stale_owner):
             return False
         s.owner, s.lease_until = owner, time.monotonic() + lease_ms / 1000
         return True
@@ -109,8 +161,14 @@ class MemoryEventLog:
     async def request_cancel(self, stream_id: str) -> None:
         self._streams[stream_id].meta["cancel"] = "1"
 
-    async def touch_reader(self, stream_id: str) -> None:
-        self._streams[stream_id].meta["seen"] = str(now_ms())
-
     async def running(self) -> list[str]:
-        return [sid for sid, s in self._streams.items() if s.meta["status"] == "running"]
+        return [sid for sid, s in self._streams.items() if s.meta.get("status") == "running"]
+
+    async def announce(self, owner: str) -> None:
+        self._retired.discard(owner)
+
+    async def retire(self, owner: str) -> None:
+        self._retired.add(owner)
+
+    async def owner_alive(self, owner: str) -> bool:
+        return owner not in self._retired

@@ -16,7 +16,7 @@ import secrets
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
@@ -24,9 +24,10 @@ from rag_stream.errors import EventLogUnavailable, RagStreamError
 from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason, StreamStarted
 from rag_stream.settings import StreamingSettings
 from rag_stream.streaming.context import Stopped, StreamContext
-from rag_stream.streaming.event_log import EventLog, NewStream
+from rag_stream.streaming.event_log import EventLog, FinishResult, NewStream
+from rag_stream.streaming.feeds import Feeds
 from rag_stream.streaming.kinds import Producer, StreamKind
-from rag_stream.streaming.writer import StreamWriter
+from rag_stream.streaming.writer import GONE, StreamWriter
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +37,10 @@ def new_stream_id() -> str:
 
 
 class Producers:
-    def __init__(self, event_log: EventLog, cfg: StreamingSettings) -> None:
+    def __init__(self, event_log: EventLog, cfg: StreamingSettings, feeds: Feeds) -> None:
         self.event_log = event_log
         self.cfg = cfg
+        self.feeds = feeds
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -62,15 +64,23 @@ class Producers:
         )
         new = NewStream(model=producer.model, kind=kind.name, created=first.created)
         await self.event_log.create(sid, first, new, self.owner, self.cfg.lease_ms)
-        self.spawn(sid, 1, lambda: producer)
+        self.spawn(sid, new, [first], lambda: producer)
         return sid
 
     def spawn(
-        self, sid: str, next_id: int, make: Callable[[], Producer], *, cancelled: bool = False
+        self,
+        sid: str,
+        new: NewStream,
+        logged: Sequence[Event],
+        make: Callable[[], Producer],
+        *,
+        cancelled: bool = False,
     ) -> None:
-        """Run the producer ``make()`` for a stream this process holds the lease of."""
+        """Run the producer ``make()`` for a stream this process holds the lease of, after the
+        events ``logged`` (all of them: this process's readers are served from memory now)."""
+        self.feeds.produce(sid, logged)
         task = asyncio.create_task(
-            self._produce(sid, next_id, make, cancelled), name=f"stream-{sid[:8]}"
+            self._produce(sid, new, logged[-1].id + 1, make, cancelled), name=f"stream-{sid[:8]}"
         )
         self._tasks[sid] = task
         task.add_done_callback(lambda _t: self._tasks.pop(sid, None))
@@ -78,11 +88,21 @@ class Producers:
     async def _produce(
         self,
         sid: str,
+        new: NewStream,
         next_id: int,
         make: Callable[[], Producer],
         cancelled: bool,
     ) -> None:
-        writer = StreamWriter(self.event_log, sid, self.owner, next_id, self.cfg)
+        feeds = self.feeds
+        writer = StreamWriter(
+            self.event_log,
+            sid,
+            self.owner,
+            next_id,
+            self.cfg,
+            publish=lambda events: feeds.publish(sid, events),
+            local_seen_ms=lambda: feeds.local_seen_ms(sid),
+        )
         run_id = f"{sid}:{uuid.uuid4().hex[:8]}"
         status = "done"
         try:
@@ -96,39 +116,81 @@ class Producers:
                 reason = "cancelled"
             finally:
                 await writer.close()
-            if writer.stop_reason in ("lost", "log_unavailable"):
-                return  # another process owns the stream now, or Redis is gone
+            if writer.stop_reason in GONE:
+                await self._gone(sid, new, writer)
+                return
             if writer.stop_reason is not None:
                 reason = "cancelled"
             terminal: Event = await producer.finish(ctx, reason, writer.next_id)
         except asyncio.CancelledError:
             # this process is shutting down: leave the stream to be taken over elsewhere
+            feeds.stop_producing(sid)
             with contextlib.suppress(Exception):
                 await writer.run_stop_callbacks()
             raise
         except Exception as exc:
-            if writer.stop_reason in ("lost", "log_unavailable"):
+            if writer.stop_reason in GONE:
+                await self._gone(sid, new, writer)
                 return
             status = "error"
             terminal = error_event(writer.next_id, exc)
-        await self.finish(sid, [*writer.take_buffer(), terminal], status, terminal)
+        events = [*writer.take_buffer(), terminal]
+        outcome = await self.finish(sid, events, status, terminal, after=writer.logged_id)
+        if outcome == "log_lost":
+            await self._mark_lost(sid, new, terminal.id)
+        elif outcome != "done":
+            feeds.stop_producing(sid)
 
-    async def finish(self, sid: str, events: list[Event], status: str, terminal: Event) -> None:
-        """Write the last events and the final status together (retrying while Redis blips)."""
+    async def _gone(self, sid: str, new: NewStream, writer: StreamWriter) -> None:
+        if writer.stop_reason == "log_lost":
+            await self._mark_lost(sid, new, writer.next_id)
+        else:  # another process owns the stream now, or Redis is gone: readers look there
+            self.feeds.stop_producing(sid)
+
+    async def _mark_lost(self, sid: str, new: NewStream, event_id: int) -> None:
+        """The log lost events this process wrote (Redis restarted empty, say): end the stream
+        with an error that says so, rather than extend a log with a hole."""
+        logger.error("stream %s: its log lost events; ending it with an error", sid)
+        lost = ErrorEvent(
+            id=event_id,
+            code="log_lost",
+            message="the event log lost this stream's earlier events (its store restarted "
+            "without them); the stream cannot be resumed or continued",
+        )
+        try:
+            await self.event_log.mark_lost(sid, self.owner, new, lost, self.cfg.retention_s)
+        except RedisError as exc:
+            logger.warning("stream %s: could not record the lost log: %s", sid, exc)
+        self.feeds.publish(sid, [lost])
+
+    async def finish(
+        self, sid: str, events: list[Event], status: str, terminal: Event, after: int
+    ) -> FinishResult | None:
+        """Write the last events and the final status together (retrying while Redis blips);
+        this process's readers see them once they are in the log."""
         reason = terminal.finish_reason if isinstance(terminal, Done) else "error"
         for attempt in range(self.cfg.redis_retries + 1):
             try:
-                await self.event_log.finish(
-                    sid, self.owner, events, status, reason, self.cfg.retention_s
+                outcome = await self.event_log.finish(
+                    sid, self.owner, events, status, reason, self.cfg.retention_s, after
                 )
-                return
             except RedisError as exc:
                 logger.warning("stream %s: finish failed (%s), attempt %d", sid, exc, attempt)
                 await asyncio.sleep(0.2 * (attempt + 1))
+                continue
+            if outcome == "done":
+                self.feeds.publish(sid, events)
+            return outcome
         logger.error("stream %s: could not write its end; it will be taken over later", sid)
+        return None
+
+    async def announce(self) -> None:
+        await self.event_log.announce(self.owner)
 
     async def close(self) -> None:
         """Cancel every producer of this process (their streams are taken over elsewhere)."""
+        with contextlib.suppress(Exception):
+            await self.event_log.retire(self.owner)  # peers may take over at once
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()

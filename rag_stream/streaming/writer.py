@@ -1,11 +1,12 @@
-"""The writing side of one stream: batches events into the Redis log and keeps the lease.
+"""The writing side of one stream: batches events into the log and keeps the lease.
 
 A writer flushes when its buffer reaches ``flush_max_events`` or ``flush_interval_ms`` after the
 first buffered event, and at least every ``renew_interval_s`` (an empty append renews the lease).
-Each append tells it whether the stream was cancelled, whether a reader is still attached, and
-whether it still owns the stream; on any of these it records a stop reason and runs the callbacks
-registered with ``on_stop`` (the producer's: they abort its engine request), so generation ends
-within one decode step.
+Once the log has acknowledged a batch, the writer hands it to this process's readers
+(``publish``). Each append tells it whether the stream was cancelled, whether a reader is still
+attached, whether it still owns the stream, and whether the log still ends where it left it; on
+any of these it records a stop reason and runs the callbacks registered with ``on_stop`` (the
+producer's: they abort its engine request), so generation ends within one decode step.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 
 from redis.exceptions import RedisError
@@ -24,7 +25,9 @@ from rag_stream.streaming.event_log import EventLog, now_ms
 
 logger = logging.getLogger(__name__)
 
-StopReason = Literal["cancelled", "abandoned", "lost", "log_unavailable"]
+StopReason = Literal["cancelled", "abandoned", "lost", "log_unavailable", "log_lost"]
+# Reasons after which this writer must not touch the stream again.
+GONE: frozenset[StopReason] = frozenset({"lost", "log_unavailable", "log_lost"})
 
 
 class StreamWriter:
@@ -35,16 +38,21 @@ class StreamWriter:
         owner: str,
         next_id: int,
         cfg: StreamingSettings,
+        publish: Callable[[Sequence[Event]], None],
+        local_seen_ms: Callable[[], int],
     ) -> None:
         self._log = event_log
         self._sid = stream_id
         self._owner = owner
         self._cfg = cfg
+        self._publish = publish
+        self._local_seen_ms = local_seen_ms
         self._stop_callbacks: list[Callable[[], Awaitable[None]]] = []
         self._buffer: list[Event] = []
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self.next_id = next_id
+        self.logged_id = next_id - 1  # the last event known to be in the log
         self.stop_reason: StopReason | None = None
         self._closing = False
         self._task = asyncio.create_task(self._run(), name=f"writer-{stream_id[:8]}")
@@ -60,7 +68,8 @@ class StreamWriter:
     async def _run(self) -> None:
         while self.stop_reason is None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._cfg.renew_interval_s)
+                async with asyncio.timeout(self._cfg.renew_interval_s):
+                    await self._wake.wait()
             self._wake.clear()
             if self._closing:
                 return
@@ -70,7 +79,7 @@ class StreamWriter:
 
     async def flush(self) -> None:
         async with self._lock:
-            if self.stop_reason in ("lost", "log_unavailable"):
+            if self.stop_reason in GONE:
                 return
             batch, self._buffer = self._buffer, []
             result = None
@@ -78,7 +87,7 @@ class StreamWriter:
             for attempt in range(self._cfg.redis_retries + 1):
                 try:
                     result = await self._log.append(
-                        self._sid, self._owner, batch, self._cfg.lease_ms
+                        self._sid, self._owner, batch, self._cfg.lease_ms, self.logged_id
                     )
                     break
                 except RedisError as exc:
@@ -89,10 +98,15 @@ class StreamWriter:
                         "stream %s: append failed (%s), attempt %d", self._sid, exc, attempt
                     )
                     await asyncio.sleep(0.2 * (attempt + 1))
+            if result is not None and result.owned and batch:
+                self.logged_id = batch[-1].id
+                self._publish(batch)
         if superseded:
             await self._stop("lost")
         elif result is None:
             await self._stop("log_unavailable")
+        elif result.log_lost:
+            await self._stop("log_lost")
         elif not result.owned:
             await self._stop("lost")
         elif result.cancel:
@@ -101,11 +115,13 @@ class StreamWriter:
             await self._stop("abandoned")
 
     def _abandoned(self, seen_ms: int) -> bool:
+        """No reader anywhere (this process's, or another's heartbeat in the log) for a while."""
         limit = self._cfg.abandon_after_s
-        return limit > 0 and seen_ms > 0 and now_ms() - seen_ms > limit * 1000
+        seen = max(seen_ms, self._local_seen_ms())
+        return limit > 0 and seen > 0 and now_ms() - seen > limit * 1000
 
     def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
-        """Run ``callback`` when the stream must stop (cancel, abandon, lost lease)."""
+        """Run ``callback`` when the stream must stop (cancel, abandon, lost lease or log)."""
         self._stop_callbacks.append(callback)
 
     async def run_stop_callbacks(self) -> None:

@@ -10,8 +10,9 @@ import pytest
 from redis.asyncio import Redis
 
 from rag_stream.schemas.events import Done, Token
-from rag_stream.streaming.event_log import EventLog, RedisEventLog
+from rag_stream.streaming.event_log import EventLog
 from rag_stream.streaming.memory_log import MemoryEventLog
+from rag_stream.streaming.redis_log import RedisEventLog
 from tests.conftest import REDIS_URL
 from tests.support.fakes import ByteTokenizer, stub_engine, toy_streams
 from tests.unit.test_streams import check_one_stream
@@ -71,7 +72,7 @@ async def test_takeover_on_redis_continues_without_gap_or_repeat(redis_log: Coun
     await crashing.close()
     meta = await redis_log.meta(sid)
     assert meta is not None and meta.status == "running"  # interrupted mid-stream
-    survivor, _ = toy_streams(redis_log, engine, lease_ms=500, read_block_ms=100)
+    survivor, _ = toy_streams(redis_log, engine, lease_ms=500)
     events = [e async for e in survivor.follow(sid)]
     ids = check_one_stream(events, 300)
     reference = [

@@ -1,10 +1,12 @@
-"""Parsing uploads into text and blocks."""
+"""Parsing uploads into text and blocks, and refusing hostile files with a 4xx that names the
+file's problem (these run ``parse`` in-process; tests/integration/test_hostile_uploads.py runs
+them through the worker process and the HTTP API)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rag_stream.errors import InvalidRequest, UnsupportedMediaType
+from rag_stream.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from rag_stream.ingest.parsing import (
     HTML,
     MARKDOWN,
@@ -13,7 +15,14 @@ from rag_stream.ingest.parsing import (
     media_type_for,
     parse,
 )
-from tests.support.pdfs import blank_pdf, make_pdf
+from tests.support.pdfs import (
+    blank_pdf,
+    encrypted_pdf,
+    make_pdf,
+    nested_arrays_pdf,
+    shared_content_pdf,
+    show_text,
+)
 
 
 @pytest.mark.parametrize(
@@ -101,6 +110,61 @@ def test_pdf_without_text_says_so() -> None:
         parse(blank_pdf(), PDF)
 
 
-def test_broken_pdf_is_refused() -> None:
-    with pytest.raises(InvalidRequest, match="not a readable PDF"):
+def test_broken_pdf_is_refused_with_what_pypdf_found() -> None:
+    with pytest.raises(InvalidRequest) as caught:
         parse(b"%PDF-1.4 this is not really a pdf", PDF)
+    assert caught.value.message == "the PDF could not be parsed: Stream has ended unexpectedly"
+
+
+@pytest.mark.parametrize(
+    "pdf",
+    [encrypted_pdf(handler=b"AdobePPK"), encrypted_pdf(version=9)],
+    ids=["unknown-security-handler", "encryption-V9"],
+)
+def test_pdf_encryption_pypdf_cannot_read_is_named_as_such(pdf: bytes) -> None:
+    # pypdf raises NotImplementedError for both: a 500 before
+    with pytest.raises(InvalidRequest) as caught:
+        parse(pdf, PDF)
+    assert caught.value.message == (
+        "the PDF uses an encryption this server cannot read; upload an unencrypted copy"
+    )
+
+
+def test_pdf_nested_past_the_recursion_limit_is_refused() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse(nested_arrays_pdf(200_000), PDF)  # RecursionError (a 500) before
+    assert caught.value.message == "the PDF is nested too deeply to parse"
+
+
+def test_pdf_text_limit_counts_the_stored_text_exactly() -> None:
+    pdf = shared_content_pdf(show_text("hello there"), pages=3)
+    assert len(parse(pdf, PDF, max_text_chars=37).text) == 37  # 3 * 11 + 2 * len("\n\n")
+    with pytest.raises(PayloadTooLarge, match="limit of 36 characters"):
+        parse(pdf, PDF, max_text_chars=36)
+
+
+def test_pages_sharing_one_content_stream_stop_at_the_page_past_the_text_limit() -> None:
+    # 8 KB of file, 600 pages drawing the same 4,000 characters: 2.4 M characters in all.
+    pdf = shared_content_pdf(show_text("A" * 4000), pages=600)
+    assert len(pdf) < 10_000
+    with pytest.raises(PayloadTooLarge) as caught:
+        parse(pdf, PDF, max_text_chars=100_000)
+    assert caught.value.message == (
+        "the PDF has more text than the limit of 100000 characters (reached on page 25 of 600)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("media_type", "source", "limit"),
+    [
+        (PLAIN, "a" * 1001, 1000),
+        (MARKDOWN, "# Title\n\n" + "a" * 1000, 1000),
+        (HTML, "<p>" + "a" * 1001 + "</p>", 1000),
+    ],
+)
+def test_text_over_the_limit_is_refused_for_every_type(
+    media_type: str, source: str, limit: int
+) -> None:
+    with pytest.raises(PayloadTooLarge, match=f"limit of {limit} characters"):
+        parse(source.encode(), media_type, max_text_chars=limit)
+    assert parse(source.encode(), media_type, max_text_chars=len(source)).text

@@ -69,7 +69,7 @@ async def test_takeover_continues_without_gap_or_repeat() -> None:
             break
     await crashing.close()  # its producer stops mid-stream; its lease runs out
     assert (await log.meta(sid)).status == "running"  # type: ignore[union-attr]
-    survivor, kind2 = toy_streams(log, engine, lease_ms=500, read_block_ms=100)
+    survivor, kind2 = toy_streams(log, engine, lease_ms=500)
     events = [e async for e in survivor.follow(sid)]
     ids = check_one_stream(events, 400)
     reference = [
@@ -92,7 +92,7 @@ async def test_a_plan_from_another_version_ends_the_stream_with_a_clear_error() 
     await asyncio.sleep(0.05)
     await crashing.close()
     await log.set_plan(sid, '{"prompt_ids": [1], "max_tokens": 1000, "renamed_field": 1}')
-    survivor, _ = toy_streams(log, engine, lease_ms=500, read_block_ms=100)
+    survivor, _ = toy_streams(log, engine, lease_ms=500)
     events = [e async for e in survivor.follow(sid)]
     check_one_stream(events)
     error = events[-1]

@@ -1,0 +1,80 @@
+"""A time limit on reading request bodies (pure ASGI, so it sees every ``receive``).
+
+A client that sends its headers, promises a body (``Content-Length: 100``) and then stalls
+would hold the connection for as long as it likes: the server waits for the rest of a body
+that never comes. Here each wait for the next piece of the body is bounded; when one runs
+out, and no response has started, the client gets a 408 with the usual JSON error and the
+connection is closed. The app itself sees ``http.disconnect``, as if the client had left,
+and whatever it does after that is not sent.
+
+Only waits for the body are bounded: once the last piece has arrived, ``receive`` is passed
+through untouched (an SSE response waits on it for the client's disconnect for minutes).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
+
+CODE = "request_timeout"
+
+
+class BodyReadTimeout:
+    def __init__(self, app: ASGIApp, timeout_s: float) -> None:
+        self.app = app
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body_done = False
+        response_started = False
+        answered = False  # the 408 went out: nothing the app sends afterwards may follow it
+
+        async def timed_receive() -> Message:
+            nonlocal body_done, answered
+            if body_done:
+                return await receive()
+            with anyio.move_on_after(self.timeout_s):
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    body_done = True
+                return message
+            body_done = True
+            if not response_started:
+                answered = True
+                await _timed_out(self.timeout_s)(scope, receive, send)
+            return {"type": "http.disconnect"}
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal response_started
+            if answered:
+                return
+            if message["type"] == "http.response.start":
+                response_started = True
+            await send(message)
+
+        try:
+            await self.app(scope, timed_receive, guarded_send)
+        except Exception:
+            if not answered:
+                raise
+            # the app failed on the body that never came (its reader saw a disconnect): the
+            # client already has its answer
+            logger.debug("request body timed out; the app then failed", exc_info=True)
+
+
+def _timed_out(timeout_s: float) -> JSONResponse:
+    message = f"the request body did not arrive in time (waited {timeout_s:g} s for more of it)"
+    return JSONResponse(
+        {"error": {"code": CODE, "message": message}},
+        status_code=408,
+        # the rest of the body may still come: the connection cannot carry another request
+        headers={"connection": "close"},
+    )

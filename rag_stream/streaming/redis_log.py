@@ -1,0 +1,304 @@
+"""The event log in Redis (see ``event_log.py`` for the contract).
+
+Keys, under a prefix (``rs`` by default), for stream ``S``:
+
+- ``{p}:s:S:log``    Redis Stream; event ``n`` is entry ``(n+1)-0`` with one field ``e`` holding
+  the event JSON. Explicit, increasing entry ids mean a second writer can never insert an event
+  twice or out of order: Redis refuses an id that is not greater than the last.
+- ``{p}:s:S:meta``   hash: status, model, kind, created, plan (JSON), cancel flag, reader heartbeat.
+- ``{p}:s:S:lease``  the owning process's name, with a short expiry renewed while it generates.
+- ``{p}:active``     sorted set of running stream ids (the sweeper's work list).
+- ``{p}:proc:O``     the Redis client id of process ``O``'s presence connection (see below).
+
+Appends are Lua scripts that check, in one step: that the writer still holds the lease (only
+the lease holder writes); that the log still ends where the writer left it (a Redis that lost
+its data, restarted empty, must not be extended as if nothing happened: the writer learns the
+log was lost); and they return the cancel flag and reader heartbeat, so the writer learns both
+with no extra round trip.
+
+Presence: every process keeps one idle connection named after itself. When a process dies the
+kernel closes it and Redis forgets the client at once, so ``owner_alive`` (``CLIENT LIST ID``)
+tells a dead producer from a slow one without waiting for its lease to expire.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from redis.asyncio import ConnectionPool, Redis
+from redis.exceptions import RedisError
+
+from rag_stream.errors import EventLogUnavailable
+from rag_stream.schemas.events import EVENT_ADAPTER, Event
+from rag_stream.streaming.event_log import (
+    AppendResult,
+    FinishResult,
+    NewStream,
+    StreamMeta,
+    now_ms,
+)
+
+# KEYS: log, meta, lease. ARGV: owner, lease_ms, after (entry id the log must end with),
+# last (entry id of the batch's last event: a retry of a batch that landed), (id, json) pairs.
+_APPEND = """
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= ARGV[1] then return {0, 0, 0} end
+if redis.call('EXISTS', KEYS[2]) == 0 then return {-1, 0, 0} end
+local tip = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local top = tip[1] and tip[1][1] or ''
+if top ~= ARGV[3] and top ~= ARGV[4] then return {-1, 0, 0} end
+if holder then
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+else
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
+end
+if top == ARGV[3] then
+  for i = 5, #ARGV, 2 do
+    redis.call('XADD', KEYS[1], ARGV[i], 'e', ARGV[i + 1])
+  end
+end
+local cancel = redis.call('HGET', KEYS[2], 'cancel')
+local seen = redis.call('HGET', KEYS[2], 'seen')
+return {1, cancel and 1 or 0, tonumber(seen or '0')}
+"""
+
+# KEYS: meta, lease, active, log.
+# ARGV: owner, status, finish_reason, retention_s, stream_id, after, last, then (id, json) pairs.
+# The last events (the terminal one included) and the status change land together.
+_FINISH = """
+local holder = redis.call('GET', KEYS[2])
+if holder and holder ~= ARGV[1] then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local tip = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
+local top = tip[1] and tip[1][1] or ''
+if top ~= ARGV[6] and top ~= ARGV[7] then return -1 end
+if top == ARGV[6] then
+  for i = 8, #ARGV, 2 do
+    redis.call('XADD', KEYS[4], ARGV[i], 'e', ARGV[i + 1])
+  end
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'finish_reason', ARGV[3])
+redis.call('ZREM', KEYS[3], ARGV[5])
+redis.call('DEL', KEYS[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[4], ARGV[4])
+return 1
+"""
+
+# KEYS: meta, lease, active, log. ARGV: owner, retention_s, stream_id, model, kind, created,
+# error entry id, error json. The log lost its head: say so, so nobody extends or trusts it.
+_MARK_LOST = """
+local holder = redis.call('GET', KEYS[2])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'error', 'finish_reason', 'log_lost',
+           'model', ARGV[4], 'kind', ARGV[5], 'created', ARGV[6])
+local tip = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
+local top = tip[1] and tonumber(string.match(tip[1][1], '^(%d+)')) or 0
+if top < tonumber(string.match(ARGV[7], '^(%d+)')) then
+  redis.call('XADD', KEYS[4], ARGV[7], 'e', ARGV[8])
+end
+redis.call('ZREM', KEYS[3], ARGV[3])
+redis.call('DEL', KEYS[2])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[4], ARGV[2])
+return 1
+"""
+
+# KEYS: lease, meta. ARGV: owner, lease_ms, stale owner ('' for none). Take the lease of a
+# running stream if nobody holds it, or if its holder is the given (dead) process.
+_ACQUIRE = """
+if redis.call('HGET', KEYS[2], 'status') ~= 'running' then return 0 end
+local holder = redis.call('GET', KEYS[1])
+if (not holder) or (ARGV[3] ~= '' and holder == ARGV[3]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+def entry_id(event_id: int) -> str:
+    return f"{event_id + 1}-0"
+
+
+def _entry_args(events: Sequence[Event]) -> list[str | int]:
+    """(entry id, event JSON) pairs, the tail of the append and finish scripts' arguments."""
+    args: list[str | int] = []
+    for event in events:
+        args += [entry_id(event.id), event.model_dump_json()]
+    return args
+
+
+def _event_id(raw: bytes | str) -> int:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    return int(text.split("-", 1)[0]) - 1
+
+
+def _events(entries: Sequence[tuple[bytes, Mapping[bytes, bytes]]]) -> list[Event]:
+    return [EVENT_ADAPTER.validate_json(fields[b"e"]) for _entry, fields in entries]
+
+
+class RedisEventLog:
+    def __init__(self, redis: Redis, prefix: str = "rs", running_ttl_s: int = 86_400) -> None:
+        self._r = redis
+        self._p = prefix
+        self._running_ttl = running_ttl_s
+        self._append = redis.register_script(_APPEND)
+        self._finish = redis.register_script(_FINISH)
+        self._mark_lost = redis.register_script(_MARK_LOST)
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._presence: Redis | None = None
+
+    def _keys(self, sid: str) -> tuple[str, str, str]:
+        base = f"{self._p}:s:{sid}"
+        return f"{base}:log", f"{base}:meta", f"{base}:lease"
+
+    @property
+    def _active(self) -> str:
+        return f"{self._p}:active"
+
+    async def create(
+        self, stream_id: str, first: Event, new: NewStream, owner: str, lease_ms: int
+    ) -> None:
+        log, meta_key, lease = self._keys(stream_id)
+        fields: dict[bytes | bytearray | memoryview[int] | str | int | float, str | int] = {
+            "status": "running",
+            "seen": str(now_ms()),
+        }
+        fields.update(new.fields())
+        try:
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.hset(meta_key, mapping=fields)
+                pipe.expire(meta_key, self._running_ttl)
+                pipe.set(lease, owner, px=lease_ms)
+                pipe.xadd(log, {"e": first.model_dump_json()}, id=entry_id(first.id))
+                pipe.expire(log, self._running_ttl)
+                pipe.zadd(self._active, {stream_id: time.time()})
+                await pipe.execute()
+        except RedisError as exc:
+            raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
+
+    async def append(
+        self, stream_id: str, owner: str, events: Sequence[Event], lease_ms: int, after: int
+    ) -> AppendResult:
+        last = events[-1].id if events else after
+        args: list[str | int] = [owner, lease_ms, entry_id(after), entry_id(last)]
+        args += _entry_args(events)
+        owned, cancel, seen = await self._append(keys=list(self._keys(stream_id)), args=args)
+        return AppendResult(owned == 1, bool(cancel), int(seen), log_lost=owned == -1)
+
+    async def read(self, stream_id: str, after: int, block_ms: int | None) -> list[Event]:
+        found = await self.read_many({stream_id: after}, block_ms)
+        return found.get(stream_id, [])
+
+    async def read_many(
+        self, cursors: Mapping[str, int], block_ms: int | None
+    ) -> dict[str, list[Event]]:
+        by_key = {self._keys(sid)[0]: sid for sid in cursors}
+        async with self._r.pipeline(transaction=False) as pipe:
+            seen = str(now_ms())
+            for sid in cursors:
+                pipe.hset(self._keys(sid)[1], "seen", seen)
+            pipe.xread(
+                {self._keys(sid)[0]: entry_id(after) for sid, after in cursors.items()},
+                count=1000,
+                block=block_ms,
+            )
+            *_, result = await pipe.execute()
+        found: dict[str, list[Event]] = {}
+        for key, entries in result or []:
+            name = key.decode() if isinstance(key, bytes) else key
+            found[by_key[name]] = _events(entries)
+        return found
+
+    async def meta(self, stream_id: str) -> StreamMeta | None:
+        log, meta_key, lease = self._keys(stream_id)
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.hgetall(meta_key)
+            pipe.get(lease)
+            pipe.xrevrange(log, count=1)
+            raw, owner, last = await pipe.execute()
+        if not raw:
+            return None
+        fields = {k.decode(): v.decode() for k, v in raw.items()}
+        return StreamMeta.from_fields(
+            stream_id,
+            fields,
+            owner.decode() if owner else None,
+            _event_id(last[0][0]) if last else -1,
+        )
+
+    async def set_plan(self, stream_id: str, plan_json: str) -> None:
+        await self._r.hset(self._keys(stream_id)[1], "plan", plan_json)
+
+    async def finish(
+        self,
+        stream_id: str,
+        owner: str,
+        events: Sequence[Event],
+        status: str,
+        finish_reason: str,
+        retention_s: int,
+        after: int,
+    ) -> FinishResult:
+        log, meta_key, lease = self._keys(stream_id)
+        last = events[-1].id if events else after
+        args: list[str | int] = [owner, status, finish_reason, retention_s, stream_id]
+        args += [entry_id(after), entry_id(last), *_entry_args(events)]
+        done = await self._finish(keys=[meta_key, lease, self._active, log], args=args)
+        return {1: "done", 0: "lease_lost"}.get(int(done), "log_lost")  # type: ignore[return-value]
+
+    async def mark_lost(
+        self, stream_id: str, owner: str, new: NewStream, error: Event, retention_s: int
+    ) -> None:
+        log, meta_key, lease = self._keys(stream_id)
+        args: list[str | int] = [owner, retention_s, stream_id, new.model, new.kind]
+        args += [repr(new.created), entry_id(error.id), error.model_dump_json()]
+        await self._mark_lost(keys=[meta_key, lease, self._active, log], args=args)
+
+    async def acquire(
+        self, stream_id: str, owner: str, lease_ms: int, stale_owner: str | None = None
+    ) -> bool:
+        _, meta_key, lease = self._keys(stream_id)
+        args: list[str | int] = [owner, lease_ms, stale_owner or ""]
+        return bool(await self._acquire(keys=[lease, meta_key], args=args))
+
+    async def request_cancel(self, stream_id: str) -> None:
+        await self._r.hset(self._keys(stream_id)[1], "cancel", "1")
+
+    async def running(self) -> list[str]:
+        members = await self._r.zrange(self._active, 0, -1)
+        return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
+
+    # -- presence -------------------------------------------------------------------------
+
+    async def announce(self, owner: str) -> None:
+        """Keep this process's presence connection open and its client id published."""
+        if self._presence is None:
+            pool = self._r.connection_pool
+            self._presence = Redis(
+                connection_pool=ConnectionPool(
+                    connection_class=pool.connection_class,
+                    max_connections=1,
+                    **{**pool.connection_kwargs, "client_name": owner},
+                )
+            )
+        client_id = await self._presence.client_id()
+        await self._r.set(f"{self._p}:proc:{owner}", client_id, ex=86_400)
+
+    async def retire(self, owner: str) -> None:
+        if self._presence is not None:
+            await self._presence.aclose(close_connection_pool=True)
+            self._presence = None
+
+    async def owner_alive(self, owner: str) -> bool:
+        """False only when the process is known to be gone (its presence connection closed)."""
+        client_id = await self._r.get(f"{self._p}:proc:{owner}")
+        if client_id is None:
+            return True  # unknown (an older process, or never announced): wait for the lease
+        listing = await self._r.execute_command(  # type: ignore[no-untyped-call]
+            "CLIENT", "LIST", "ID", int(client_id)
+        )
+        text = listing.decode() if isinstance(listing, bytes) else str(listing)
+        return f" name={owner} " in f" {text} "

@@ -1,0 +1,268 @@
+"""Hostile inputs through the HTTP API of real server processes (stub engine; SQLite, and
+PostgreSQL where the database is the point): numbers past what the engine or SQL can hold,
+odd resume cursors, NUL characters, over-long form fields, and the offsets of every datetime the
+API returns. Each gets a 4xx naming the problem, or a correct answer; never a 500."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import REDIS_URL, ServerFactory
+from tests.support.pg import postgres_database
+from tests.support.server import ServerProcess
+from tests.support.sse import read_stream
+
+INT64_MAX = 2**63 - 1
+
+
+@pytest.fixture(scope="module")
+def pg_server(server_factory: ServerFactory) -> Iterator[ServerProcess]:
+    """The service on a fresh PostgreSQL database (the stub engine: no vLLM)."""
+    databases = postgres_database("rag_stream_bounds")
+    server = server_factory(
+        stub_delay_s=0,
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        RAG_STREAM_DATABASE_URL=next(databases),
+    )
+    yield server
+    server.stop()
+    databases.close()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def any_db_server(
+    request: pytest.FixtureRequest, stub_server: ServerProcess
+) -> Iterator[ServerProcess]:
+    if request.param == "sqlite":
+        yield stub_server
+    else:
+        yield request.getfixturevalue("pg_server")
+
+
+def _kb(client: httpx.Client) -> str:
+    name = f"kb-{uuid.uuid4().hex[:8]}"
+    client.post("/v1/kbs", json={"name": name}).raise_for_status()
+    client.post(
+        f"/v1/kbs/{name}/documents",
+        json={"title": "Herons", "text": "# Herons\n\nThe heron waits in shallow water."},
+    ).raise_for_status()
+    return name
+
+
+def _error(response: httpx.Response, status: int) -> str:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"code", "message"}
+    message: str = error["message"]
+    return message
+
+
+# 1. Integers the engine cannot serialize
+
+
+SEEDS_TOO_WIDE = [2**64, 2**70, 2**63, -(2**63) - 1]
+
+
+@pytest.mark.parametrize("seed", SEEDS_TOO_WIDE)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_seed_beyond_64_bits_is_a_422_before_any_stream_starts(
+    stub_server: ServerProcess, seed: int, stream: bool
+) -> None:
+    with httpx.Client(base_url=stub_server.url, timeout=60) as client:
+        kb = _kb(client)
+        for path, body in (
+            ("/v1/generate", {"prompt": "hi"}),
+            ("/v1/answers", {"kb": kb, "question": "Where do herons wait?"}),
+        ):
+            r = client.post(path, json={**body, "seed": seed, "max_tokens": 4, "stream": stream})
+            message = _error(r, 422)
+            assert message.startswith("seed:"), message
+            assert str(INT64_MAX) in message or str(-(2**63)) in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_tokens", 10**12), ("max_tokens", 2**64), ("top_k", 2**64)]
+)
+def test_other_integers_are_bounded_with_the_field_named(
+    stub_server: ServerProcess, field: str, value: int
+) -> None:
+    body: dict[str, Any] = {"kb": "any", "question": "q", field: value, "stream": False}
+    r = httpx.post(stub_server.url + "/v1/answers", json=body, timeout=30)
+    assert _error(r, 422).startswith(f"{field}:")
+
+
+@pytest.mark.engine
+def test_seeds_at_both_ends_of_the_range_generate_on_vllm(tiny_server: ServerProcess) -> None:
+    """The bound is what vLLM takes: its ends work; one past them was a 500."""
+    with httpx.Client(base_url=tiny_server.url, timeout=120) as client:
+        for seed in (INT64_MAX, -(2**63)):
+            body = {"prompt": "Tell me", "max_tokens": 3, "temperature": 1.0, "seed": seed}
+            r = client.post("/v1/generate", json={**body, "stream": False})
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] > 0
+            frames = read_stream(client, "POST", "/v1/generate", json=body)
+            assert frames[-1].event == "done", frames[-1]
+        r = client.post("/v1/generate", json={"prompt": "hi", "seed": 2**64, "stream": False})
+        assert _error(r, 422).startswith("seed:")
+
+
+# 2. Numeric query parameters
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"offset": str(2**63)}, "offset"),
+        ({"offset": str(2**31)}, "offset"),
+        ({"offset": "-1"}, "offset"),
+        ({"limit": str(2**64)}, "limit"),
+    ],
+)
+def test_document_paging_numbers_beyond_their_bounds_are_422(
+    any_db_server: ServerProcess, params: dict[str, str], field: str
+) -> None:
+    with httpx.Client(base_url=any_db_server.url, timeout=60) as client:
+        r = client.get(f"/v1/kbs/{_kb(client)}/documents", params=params)
+    assert _error(r, 422).startswith(f"query.{field}:")
+
+
+def test_the_largest_offset_is_an_empty_page(any_db_server: ServerProcess) -> None:
+    with httpx.Client(base_url=any_db_server.url, timeout=60) as client:
+        page = client.get(f"/v1/kbs/{_kb(client)}/documents", params={"offset": 2**31 - 1})
+    assert page.status_code == 200, page.text
+    assert page.json()["data"] == [] and page.json()["next_offset"] is None
+
+
+def _finished_stream(client: httpx.Client) -> str:
+    r = client.post("/v1/generate", json={"prompt": "cursor", "max_tokens": 3, "stream": False})
+    r.raise_for_status()
+    return str(r.json()["stream_id"])
+
+
+@pytest.mark.parametrize(
+    ("headers", "params", "needle"),
+    [
+        ({}, {"last_event_id": str(2**63)}, "query.last_event_id:"),
+        ({}, {"last_event_id": str(2**70)}, "query.last_event_id:"),
+        ({}, {"last_event_id": "-1"}, "query.last_event_id:"),
+        ({"Last-Event-ID": str(2**63)}, {}, "Last-Event-ID must be at most"),
+        ({"Last-Event-ID": str(2**64 + 5)}, {}, "Last-Event-ID must be at most"),
+        ({"Last-Event-ID": "1_0"}, {}, "Last-Event-ID must be an integer"),
+    ],
+)
+def test_resume_cursors_beyond_64_bits_are_422(
+    stub_server: ServerProcess, headers: dict[str, str], params: dict[str, str], needle: str
+) -> None:
+    with httpx.Client(base_url=stub_server.url, timeout=60) as client:
+        sid = _finished_stream(client)
+        r = client.get(f"/v1/streams/{sid}/events", headers=headers, params=params)
+    assert needle in _error(r, 422)
+
+
+# 3. An empty Last-Event-ID
+
+
+def test_an_empty_last_event_id_replays_the_whole_stream(stub_server: ServerProcess) -> None:
+    """(Only white space is the same: tests/unit/test_input_bounds.py; clients refuse to send
+    such a header.)"""
+    with httpx.Client(base_url=stub_server.url, timeout=60) as client:
+        sid = _finished_stream(client)
+        path = f"/v1/streams/{sid}/events"
+        everything = read_stream(client, "GET", path)
+        replayed = read_stream(client, "GET", path, headers={"Last-Event-ID": ""})
+    assert [f.id for f in everything] == list(range(len(everything)))
+    assert everything[-1].event == "done"
+    assert replayed == everything
+
+
+# 4. Datetimes carry their offset, on SQLite and PostgreSQL
+
+
+def _utc(value: str) -> datetime:
+    assert value.endswith(("Z", "+00:00")), value
+    parsed = datetime.fromisoformat(value)
+    assert parsed.utcoffset() == timedelta(0), value
+    return parsed
+
+
+def test_every_datetime_the_api_returns_is_utc_with_an_offset(
+    any_db_server: ServerProcess,
+) -> None:
+    began = datetime.now(UTC)
+    with httpx.Client(base_url=any_db_server.url, timeout=120) as client:
+        kb = _kb(client)
+        seen = [client.get(f"/v1/kbs/{kb}").json()["created_at"]]
+        seen += [k["created_at"] for k in client.get("/v1/kbs").json()["data"]]
+        docs = client.get(f"/v1/kbs/{kb}/documents").json()["data"]
+        seen += [d["created_at"] for d in docs]
+        seen.append(client.get(f"/v1/kbs/{kb}/documents/{docs[0]['id']}").json()["created_at"])
+        answer = client.post(
+            "/v1/answers",
+            json={"kb": kb, "question": "Where?", "max_tokens": 4, "stream": False},
+        ).json()
+        conversation = client.get(f"/v1/conversations/{answer['conversation_id']}").json()
+        seen.append(conversation["created_at"])
+        seen += [m["created_at"] for m in conversation["messages"]]
+    assert len(seen) >= 7
+    for value in seen:
+        # the moment itself survives the round trip (not local time read back as UTC)
+        assert abs(_utc(value) - began) < timedelta(minutes=10), value
+
+
+# NUL characters (PostgreSQL refuses them in text) and over-long form fields
+
+
+def test_nul_characters_never_reach_postgresql_as_such(pg_server: ServerProcess) -> None:
+    with httpx.Client(base_url=pg_server.url, timeout=120) as client:
+        kb = _kb(client)
+        r = client.post(
+            f"/v1/kbs/{kb}/documents",
+            json={"title": "a\x00b", "text": "nul \x00 inside", "source": "s\x00"},
+        )
+        assert r.status_code == 201, r.text
+        stored = client.get(f"/v1/kbs/{kb}/documents/{r.json()['id']}").json()
+        assert (stored["title"], stored["source"]) == ("a\ufffdb", "s\ufffd")
+        for path in (
+            "/v1/kbs/%00",
+            f"/v1/kbs/{kb}/documents/%00",
+            f"/v1/kbs/{kb}/documents/a%00b",
+            "/v1/conversations/%00",
+            "/v1/streams/%00",
+        ):
+            assert _error(client.get(path), 404), path
+        r = client.post(
+            "/v1/answers",
+            json={"kb": kb, "question": "q\x00?", "conversation_id": "\x00", "stream": False},
+        )
+        _error(r, 404)
+        r = client.post("/v1/answers", json={"kb": kb, "question": "q\x00?", "stream": False})
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    ("fields", "filename", "needle"),
+    [
+        ({"source": "s" * 1025}, "a.txt", "source: "),
+        ({"title": "t" * 513}, "a.txt", "title: "),
+        ({}, "f" * 1100 + ".txt", "source (the file name, by default): "),
+    ],
+)
+def test_form_fields_follow_the_json_fields_limits(
+    any_db_server: ServerProcess, fields: dict[str, str], filename: str, needle: str
+) -> None:
+    with httpx.Client(base_url=any_db_server.url, timeout=120) as client:
+        kb = _kb(client)
+        r = client.post(
+            f"/v1/kbs/{kb}/documents",
+            files={"file": (filename, uuid.uuid4().hex.encode(), "text/plain")},
+            data=fields,
+        )
+    message = _error(r, 422)
+    assert message.startswith(needle), message
+    assert "characters" in message

@@ -1,0 +1,190 @@
+"""The event log under Redis faults and dead producers (real redis-server, real server processes
+on the paced stub engine, where timing is the point)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from redis.asyncio import Redis as AsyncRedis
+
+from rag_stream.streaming.redis_log import RedisEventLog
+from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
+from tests.support.fakes import stub_engine, toy_streams
+from tests.support.server import ServerProcess, free_port
+from tests.support.sse import Frame, read_stream
+from tests.unit.test_streams import check_one_stream
+
+
+class RedisServer:
+    """A private redis-server without persistence that a test can kill and restart."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._dir = directory
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        command += ["--save", "", "--appendonly", "no", "--dir", str(self._dir)]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+def _status(server: ServerProcess, sid: str) -> dict[str, object]:
+    return dict(httpx.get(f"{server.url}/v1/streams/{sid}", timeout=30).json())
+
+
+def test_a_log_lost_by_a_redis_restart_is_never_extended(
+    server_factory: ServerFactory, private_redis: RedisServer
+) -> None:
+    server = server_factory(
+        stub_delay_s=STUB_DELAY_S,
+        RAG_STREAM_REDIS_URL=private_redis.url,
+        RAG_STREAM_LIMITS__MAX_TOKENS="4000",
+    )
+
+    def restart_redis_at_the_fifth_frame(frame: Frame) -> None:
+        if frame.id == 4 and frame.event == "token":
+            private_redis.kill()  # no persistence: it comes back empty
+            time.sleep(0.4)
+            private_redis.start()
+
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            frames = read_stream(
+                client,
+                "POST",
+                "/v1/generate",
+                json={"prompt": "lose my head", "max_tokens": 2000},  # 10 s of tokens
+                on_frame=restart_redis_at_the_fifth_frame,
+            )
+        sid = frames[0].data["stream_id"]
+        assert frames[-1].event == "error", frames[-1]
+        assert frames[-1].data["code"] == "log_lost"
+        assert all(f.event != "done" for f in frames)
+        status = _status(server, sid)
+        assert status["status"] == "error" and status["finish_reason"] == "log_lost"
+        assert status["model"] == "stub" and float(str(status["created"])) > 0
+        # what is left in the log is the error alone: no token written after the restart
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            replay = read_stream(client, "GET", f"/v1/streams/{sid}/events")
+        assert [f.event for f in replay] == ["error"]
+        assert replay[0].data["code"] == "log_lost"
+        # the restarted Redis serves new streams
+        r = httpx.post(
+            server.url + "/v1/generate", json={"prompt": "x", "max_tokens": 3, "stream": False}
+        )
+        assert r.status_code == 200, r.text
+    finally:
+        server.stop()
+
+
+def test_a_killed_producer_is_taken_over_long_before_its_lease_expires(
+    server_factory: ServerFactory,
+) -> None:
+    env = {
+        "RAG_STREAM_REDIS_URL": REDIS_URL,
+        "RAG_STREAM_LIMITS__MAX_TOKENS": "4000",
+        "RAG_STREAM_STREAMING__LEASE_MS": "60000",  # only presence can explain a fast takeover
+    }
+    survivor = server_factory(stub_delay_s=STUB_DELAY_S, **env)
+    victim = server_factory(stub_delay_s=STUB_DELAY_S, **env)
+    try:
+        with httpx.Client(base_url=victim.url, timeout=60) as client:
+            first = read_stream(
+                client,
+                "POST",
+                "/v1/generate",
+                json={"prompt": "p", "max_tokens": 1000},
+                stop_after=5,
+            )
+        victim.kill()
+        killed_at = time.monotonic()
+        sid = first[0].data["stream_id"]
+        assert _status(survivor, sid)["status"] == "running"
+        arrivals: list[float] = []
+        with httpx.Client(base_url=survivor.url, timeout=60) as client:
+            rest = read_stream(
+                client,
+                "GET",
+                f"/v1/streams/{sid}/events",
+                headers={"Last-Event-ID": str(first[-1].id)},
+                on_frame=lambda _f: arrivals.append(time.monotonic()),
+            )
+        frames = first + rest
+        assert [f.id for f in frames] == list(range(len(frames)))
+        assert frames[-1].event == "done" and frames[-1].data["finish_reason"] == "length"
+        assert sum(len(f.data["token_ids"]) for f in frames if f.event == "token") == 1000
+        # the first event the dead process had not written arrived well within the lease
+        new_events = [t for f, t in zip(rest, arrivals, strict=True) if f.id > first[-1].id]
+        assert new_events and new_events[0] - killed_at < 20, new_events[0] - killed_at
+        assert _status(survivor, sid)["status"] == "done"
+    finally:
+        survivor.stop()
+
+
+async def test_a_producer_replaced_while_alive_never_writes_again() -> None:
+    """Fencing: if a live producer is (wrongly) thought dead and replaced, its next append is
+    refused, it stops, and the log stays one contiguous stream."""
+    client = AsyncRedis.from_url(REDIS_URL)
+    log = RedisEventLog(client, prefix=f"rs-fence-{uuid.uuid4().hex[:8]}")
+    engine = stub_engine(delay_s=0.002)
+    first, kind = toy_streams(log, engine, lease_ms=60_000)
+    second, _ = toy_streams(log, engine, lease_ms=60_000)
+    await first.producers.announce()
+    sid = await first.start(kind, kind.accept([5, 6, 7], 600))
+    seen = 0
+    async for _ in first.follow(sid):
+        seen += 1
+        if seen == 20:
+            break
+    assert first.producers.owns(sid)
+    await log.retire(first.producers.owner)  # its presence vanishes; the process lives on
+    assert await second.takeover.take_over(sid)
+    events = [e async for e in second.follow(sid)]
+    ids = check_one_stream(events, 600)
+    reference = [
+        t
+        async for s in engine.generate("ref", [5, 6, 7], kind.accept([], 600).plan.sampling())
+        for t in s.token_ids
+    ]
+    assert ids == reference
+    for _ in range(100):  # the replaced producer stops at its next append
+        if not first.producers.owns(sid):
+            break
+        await asyncio.sleep(0.05)
+    assert not first.producers.owns(sid)
+    assert (await log.meta(sid)).last_event_id == events[-1].id  # type: ignore[union-attr]
+    await first.close()
+    await second.close()
+    await client.aclose()
