@@ -17,9 +17,10 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from redis.asyncio import Redis
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from rag_stream.api import (
     answers,
@@ -32,6 +33,7 @@ from rag_stream.api import (
     streams,
 )
 from rag_stream.api import metrics as metrics_api
+from rag_stream.api.request_metrics import RequestMetrics
 from rag_stream.api.timeouts import BodyReadTimeout
 from rag_stream.errors import RagStreamError
 from rag_stream.generation.engine import Engine
@@ -47,6 +49,12 @@ from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import QdrantVectorStore
 from rag_stream.settings import Settings
 from rag_stream.store.db import create_db
+from rag_stream.streaming.coalesce import (
+    CoalescePolicy,
+    RttSource,
+    kernel_rtt_ms,
+    remember_socket,
+)
 from rag_stream.streaming.event_log import EventLog
 from rag_stream.streaming.memory_log import MemoryEventLog
 from rag_stream.streaming.redis_conn import open_redis
@@ -82,12 +90,20 @@ async def _cancel(task: asyncio.Task[None] | None) -> None:
             await task
 
 
+class _App(FastAPI):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            remember_socket(scope, send)  # for "coalesce": "auto" (streaming/coalesce.py)
+        await super().__call__(scope, receive, send)
+
+
 def create_app(
     settings: Settings,
     *,
     engine_factory: EngineFactory = _vllm_engine,
     embedder_factory: EmbedderFactory = _st_embedder,
     exit_on_engine_failure: bool = True,
+    rtt_source: RttSource = kernel_rtt_ms,
 ) -> FastAPI:
     metrics = Metrics()
 
@@ -154,6 +170,7 @@ def create_app(
             streams=streams,
             answers=answers,
             generation=generation,
+            coalescing=CoalescePolicy(settings.streaming, rtt_source),
         )
 
     @asynccontextmanager
@@ -162,18 +179,9 @@ def create_app(
             app.state.resources = await open_resources(stack)
             yield
 
-    app = FastAPI(title="rag-stream", version="0.1.0", lifespan=lifespan)
+    app = _App(title="rag-stream", version="0.1.0", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def count_requests(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        metrics.requests.labels(path, request.method, str(response.status_code)).inc()
-        return response
-
+    app.add_middleware(RequestMetrics, metrics=metrics)
     # a body that stalls half-way gets a 408 instead of holding its connection
     app.add_middleware(BodyReadTimeout, timeout_s=settings.limits.body_read_timeout_s)
     for module in (

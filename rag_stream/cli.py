@@ -50,6 +50,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
+        loop="uvloop",
+        http="httptools",
     )
     return 0
 

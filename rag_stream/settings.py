@@ -90,6 +90,11 @@ class StreamingSettings(BaseModel):
     # Off only to measure the SSE layer without Redis: streams are then not resumable.
     checkpoint: bool = True
     key_prefix: str = "rs"
+    # Tokens per `token` event when a request does not say (1 and 0 ms: one token an event),
+    # and the round-trip time above which `"coalesce": "auto"` sends 3 tokens an event (50 ms).
+    coalesce_tokens: int = Field(1, ge=1, le=64)
+    coalesce_ms: float = Field(0.0, ge=0, le=1000)
+    coalesce_rtt_ms: float = Field(100.0, ge=0)
     flush_interval_ms: float = Field(5.0, ge=0)
     flush_max_events: int = Field(32, ge=1)
     lease_ms: int = Field(3000, ge=500)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from rag_stream.api.deps import ResourcesDep
@@ -15,13 +15,16 @@ router = APIRouter(tags=["answers"])
 
 
 @router.post("/v1/answers", response_model=None)
-async def answer(body: AnswerRequest, resources: ResourcesDep) -> Response | AnswerResponse:
+async def answer(
+    body: AnswerRequest, request: Request, resources: ResourcesDep
+) -> Response | AnswerResponse:
     kind, streams = resources.answers, resources.streams
-    run = await kind.accept(body)
-    events = streams.follow(await streams.start(kind, run))
+    run = await kind.accept(body, resources.coalescing.resolve(body.coalesce, request.scope))
+    stream_id = await streams.start(kind, run)
     if body.stream:
-        return event_stream_response(events, resources.settings.streaming.keepalive_s)
-    return _response(await collect(events))
+        batches = streams.follow_batches(stream_id)
+        return event_stream_response(batches, resources.settings.streaming.keepalive_s)
+    return _response(await collect(streams.follow(stream_id)))
 
 
 def _response(result: Collected) -> AnswerResponse:

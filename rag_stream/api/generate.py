@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from rag_stream.api.deps import ResourcesDep
@@ -14,12 +14,16 @@ router = APIRouter(tags=["generate"])
 
 
 @router.post("/v1/generate", response_model=None)
-async def generate(body: GenerateRequest, resources: ResourcesDep) -> Response | GenerateResponse:
+async def generate(
+    body: GenerateRequest, request: Request, resources: ResourcesDep
+) -> Response | GenerateResponse:
     kind, streams = resources.generation, resources.streams
-    events = streams.follow(await streams.start(kind, kind.accept(body)))
+    coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
+    stream_id = await streams.start(kind, kind.accept(body, coalesce))
     if body.stream:
-        return event_stream_response(events, resources.settings.streaming.keepalive_s)
-    return _response(await collect(events))
+        batches = streams.follow_batches(stream_id)
+        return event_stream_response(batches, resources.settings.streaming.keepalive_s)
+    return _response(await collect(streams.follow(stream_id)))
 
 
 def _response(result: Collected) -> GenerateResponse:

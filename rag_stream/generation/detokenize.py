@@ -1,22 +1,26 @@
 """Incremental, UTF-8-safe detokenization.
 
 Byte-level tokenizers split multi-byte characters across tokens; decoding a lone token then yields
-U+FFFD. We decode a short window of recent ids and hold tokens back until their text is complete,
-so every delta is whole characters. Seeding with earlier ids (crash takeover) continues exactly
-where the previous process stopped.
+U+FFFD. ``tokenizers``' ``DecodeStream`` (Rust, about 2 µs a token) decodes incrementally and
+holds tokens back until their text is complete, so every delta is whole characters. Seeding it
+with earlier ids (crash takeover) continues exactly where the previous process stopped.
+
+The tokenizer must be a fast (``tokenizers``-backed) one: ``backend_tokenizer`` is what
+``DecodeStream`` steps with.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from tokenizers.decoders import DecodeStream
 
 from rag_stream.generation.engine import Tokenizer
 
-REPLACEMENT = "\ufffd"
-# A UTF-8 character has at most 4 bytes, so a genuinely incomplete one never spans more tokens.
-MAX_HELD_TOKENS = 4
+# Ids before the held ones that give them context when a stream ends mid-character.
+_CONTEXT_IDS = 6
 
 
 @dataclass(frozen=True)
@@ -26,37 +30,43 @@ class TextDelta:
     text: str
 
 
+def backend_of(tokenizer: Tokenizer) -> Any:
+    """The ``tokenizers.Tokenizer`` behind a fast tokenizer (what DecodeStream needs)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise TypeError(f"{type(tokenizer).__name__} is not a fast (tokenizers-backed) tokenizer")
+    return backend
+
+
 class Detokenizer:
     def __init__(self, tokenizer: Tokenizer, generated: Sequence[int] = ()) -> None:
         self._tok = tokenizer
-        self._ids: list[int] = list(generated)
-        # Text is final up to read_offset; prefix_offset starts the decoding window.
-        self._read = len(self._ids)
-        self._prefix = max(0, self._read - 6)
-
-    def _window_text(self, end: int) -> str:
-        return self._tok.decode(self._ids[self._prefix : end], skip_special_tokens=True)
+        self._backend = backend_of(tokenizer)
+        self._stream = DecodeStream(ids=list(generated), skip_special_tokens=True)
+        self._next = len(generated)  # position of the next id pushed
+        self._held: list[int] = []  # ids whose text is not complete yet
+        self._context: list[int] = list(generated[-_CONTEXT_IDS:])
 
     def push(self, token_ids: Sequence[int]) -> TextDelta | None:
         """Add ids; return the newly complete text with the ids it came from, if any."""
-        self._ids.extend(token_ids)
-        return self._flush(force=False)
+        self._held.extend(token_ids)
+        text = self._stream.step(self._backend, list(token_ids))
+        return None if text is None else self._release(text)
 
     def finish(self) -> TextDelta | None:
         """Emit whatever is held, even if incomplete (the stream is ending)."""
-        return self._flush(force=True)
+        if not self._held:
+            return None
+        context = self._decode(self._context)
+        whole = self._decode([*self._context, *self._held])
+        return self._release(whole[len(context) :] if whole.startswith(context) else whole)
 
-    def _flush(self, *, force: bool) -> TextDelta | None:
-        if self._read >= len(self._ids):
-            return None
-        before = self._window_text(self._read)
-        after = self._window_text(len(self._ids))
-        held = len(self._ids) - self._read
-        if after.endswith(REPLACEMENT) and not force and held < MAX_HELD_TOKENS:
-            return None
-        # Only incomplete characters at the end of `before` can change; keep the shared prefix.
-        text = after[len(os.path.commonprefix([before, after])) :]  # noqa: RUF071
-        delta = TextDelta(self._read, self._ids[self._read :], text)
-        self._prefix = self._read
-        self._read = len(self._ids)
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    def _release(self, text: str) -> TextDelta:
+        delta = TextDelta(self._next, self._held, text)
+        self._next += len(self._held)
+        self._context = [*self._context, *self._held][-_CONTEXT_IDS:]
+        self._held = []
         return delta

@@ -32,6 +32,7 @@ from rag_stream.pipeline.tokens import TokenOutput, token_phase
 from rag_stream.retrieval.retriever import Retriever, SearchHit
 from rag_stream.schemas.answers import AnswerRequest
 from rag_stream.schemas.events import Citation, CitationBody, Done, Event, FinishReason
+from rag_stream.schemas.generate import Coalesce
 from rag_stream.settings import AnswersSettings, LimitsSettings
 from rag_stream.store.conversations import get_conversation, save_answer
 from rag_stream.store.models import new_id
@@ -66,6 +67,7 @@ class AnswerJob:
     top_p: float
     seed: int | None
     mmr: bool
+    coalesce: Coalesce
 
 
 def cited_markers(text: str, sources: int) -> list[int]:
@@ -136,6 +138,7 @@ class AnswerRun:
             temperature=job.temperature,
             top_p=job.top_p,
             seed=job.seed,
+            coalesce=job.coalesce,
             queue_ms=ctx.queue_ms,
             kb_id=job.kb_id,
             question=job.question,
@@ -197,7 +200,7 @@ class AnswerKind:
         self.cfg = cfg
         self.limits = limits
 
-    async def accept(self, body: AnswerRequest) -> AnswerRun:
+    async def accept(self, body: AnswerRequest, coalesce: Coalesce) -> AnswerRun:
         """Check the request against the limits, find the KB and the conversation's history,
         and lay out the prompt so the answer always has room (sources are dropped first)."""
         accepted_at = time.monotonic()
@@ -232,6 +235,7 @@ class AnswerKind:
             top_p=sampling.top_p,
             seed=sampling.seed,
             mmr=body.mmr,
+            coalesce=coalesce,
         )
         conversation_id = body.conversation_id or new_id()
         return AnswerRun(self, engine.model_name, conversation_id, job=job, accepted_at=accepted_at)

@@ -17,9 +17,9 @@ from rag_stream.metrics import Metrics
 from rag_stream.pipeline.plan import TokenPlan
 from rag_stream.pipeline.tokens import TokenOutput, token_phase
 from rag_stream.schemas.events import Done, Event, FinishReason
-from rag_stream.schemas.generate import GenerateRequest
+from rag_stream.schemas.generate import Coalesce, GenerateRequest
 from rag_stream.settings import LimitsSettings
-from rag_stream.store.models import StreamRecord
+from rag_stream.store.streams import record_stream
 from rag_stream.streaming.context import StreamContext
 from rag_stream.streaming.event_log import StreamMeta
 from rag_stream.streaming.kinds import plan_error
@@ -53,16 +53,15 @@ class GenerateRun:
         run.finish_reason = reason
         usage = run.usage()
         async with self.kind.sessions() as session:
-            await session.merge(
-                StreamRecord(
-                    id=ctx.stream_id,
-                    kind=self.kind.name,
-                    model=self.model,
-                    conversation_id=None,
-                    finish_reason=reason,
-                    text=self.out.text,
-                    usage=usage.model_dump(),
-                )
+            await record_stream(
+                session,
+                stream_id=ctx.stream_id,
+                kind=self.kind.name,
+                model=self.model,
+                conversation_id=None,
+                finish_reason=reason,
+                text=self.out.text,
+                usage=usage.model_dump(),
             )
             await session.commit()
         done = Done(
@@ -90,7 +89,7 @@ class GenerateKind:
         self.metrics = metrics
         self.limits = limits
 
-    def accept(self, body: GenerateRequest) -> GenerateRun:
+    def accept(self, body: GenerateRequest, coalesce: Coalesce) -> GenerateRun:
         """Check the request against the limits and the window; plan its generation."""
         engine = self.engines.get()
         limits = self.limits
@@ -103,7 +102,7 @@ class GenerateKind:
         if body.chat:
             text = engine.chat_prompt([{"role": "user", "content": body.prompt}])
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
-        plan = GeneratePlan.of(ids, fit_to_window(engine, ids, sampling))
+        plan = GeneratePlan.of(ids, fit_to_window(engine, ids, sampling), coalesce=coalesce)
         return GenerateRun(self, plan, engine.model_name)
 
     async def can_continue(self, meta: StreamMeta) -> bool:

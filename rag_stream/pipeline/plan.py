@@ -11,6 +11,7 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict
 
 from rag_stream.generation.engine import Sampling
+from rag_stream.schemas.generate import Coalesce
 
 
 class TokenPlan(BaseModel):
@@ -22,6 +23,7 @@ class TokenPlan(BaseModel):
     top_p: float = 1.0
     seed: int | None = None
     queue_ms: float = 0.0  # measured by the first run; a takeover reports the same
+    coalesce: Coalesce = Coalesce()  # a takeover keeps the stream's tokens per event
 
     def sampling(self, already_generated: int = 0) -> Sampling:
         return Sampling(

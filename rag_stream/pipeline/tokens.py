@@ -6,6 +6,7 @@ token ids already in the log, which extend the prompt and seed the detokenizer.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from rag_stream.generation.detokenize import Detokenizer, TextDelta
 from rag_stream.generation.engine import Engine, Sampling
 from rag_stream.pipeline.plan import TokenPlan
 from rag_stream.schemas.events import Event, FinishReason, Timings, Token, Usage
+from rag_stream.schemas.generate import Coalesce
 from rag_stream.streaming.context import StreamContext
 
 
@@ -102,8 +104,49 @@ class TokenOutput:
         return "".join(self.pieces)
 
 
-def _token(delta: TextDelta, event_id: int) -> Token:
-    return Token(id=event_id, index=delta.index, text=delta.text, token_ids=delta.token_ids)
+def _token(deltas: Sequence[TextDelta], event_id: int) -> Token:
+    if len(deltas) == 1:
+        d = deltas[0]
+        return Token(id=event_id, index=d.index, text=d.text, token_ids=d.token_ids)
+    return Token(
+        id=event_id,
+        index=deltas[0].index,
+        text="".join(d.text for d in deltas),
+        token_ids=[t for d in deltas for t in d.token_ids],
+    )
+
+
+class Coalescer:
+    """Turns text deltas into ``token`` events of up to ``rule.tokens`` tokens, sent when that
+    many are ready or ``rule.ms`` after the first of them (see ``Coalesce``). A character split
+    across more tokens than that still comes whole, in one event."""
+
+    def __init__(self, ctx: StreamContext, rule: Coalesce, out: TokenOutput) -> None:
+        self._ctx = ctx
+        self._rule = rule
+        self._out = out
+        self._pending: list[TextDelta] = []
+        self._count = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, delta: TextDelta) -> None:
+        self._pending.append(delta)
+        self._count += len(delta.token_ids)
+        if self._count >= self._rule.tokens or self._rule.ms <= 0:
+            self.flush()
+        elif self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._rule.ms / 1000, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._pending:
+            return
+        pending, self._pending, self._count = self._pending, [], 0
+        self._ctx.emit(partial(_token, pending))
+        self._out.pieces.extend(d.text for d in pending)
 
 
 async def token_phase(
@@ -120,10 +163,13 @@ async def token_phase(
     ctx.on_stop(lambda: engine.abort(ctx.run_id))
     prompt = [*plan.prompt_ids, *logged]
     sampling = plan.sampling(len(logged))
-    async for delta in run_tokens(engine, ctx.run_id, prompt, sampling, run, logged):
-        ctx.emit(partial(_token, delta))
-        out.pieces.append(delta.text)
-        ctx.check()
+    events = Coalescer(ctx, plan.coalesce, out)
+    try:
+        async for delta in run_tokens(engine, ctx.run_id, prompt, sampling, run, logged):
+            events.add(delta)
+            ctx.check()
+    finally:
+        events.flush()  # whatever was generated goes out, whatever ends the phase
     run.completion_tokens += len(logged)
     run.prompt_tokens = len(plan.prompt_ids)
     ctx.check()

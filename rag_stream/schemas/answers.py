@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag_stream.schemas.events import CitationBody, Timings, Usage
-from rag_stream.schemas.generate import MaxTokens, Seed
+from rag_stream.schemas.generate import CoalesceOption, MaxTokens, Seed
 
 # The configured limit (answers.max_top_k) is checked when the request is accepted; this bound
 # only keeps absurd numbers out before that.
@@ -33,6 +33,7 @@ class AnswerRequest(BaseModel):
     seed: Seed | None = None
     mmr: bool = False
     stream: bool = True
+    coalesce: CoalesceOption = None
 
     @field_validator("question")
     @classmethod

@@ -1,7 +1,8 @@
 """The typed events of every stream (see docs/protocol.md).
 
-Each event has an integer ``id`` (one sequence per stream, from 0) and a ``type`` that becomes the
-SSE ``event:`` field; the rest is the JSON ``data:`` body.
+Each event has an integer ``id`` (one sequence per stream, from 0) and a ``type``; they become the
+SSE ``id:`` and ``event:`` fields, and the whole event, as JSON, the ``data:`` body: the same JSON
+the log stores.
 """
 
 from __future__ import annotations

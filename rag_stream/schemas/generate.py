@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +24,26 @@ MaxTokens = Annotated[
 ]
 
 
+class Coalesce(BaseModel):
+    """Up to ``tokens`` tokens per ``token`` event, sent when that many are ready or ``ms``
+    milliseconds after the first of them, whichever comes first (0 ms: at once)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tokens: int = Field(1, ge=1, le=64)
+    ms: float = Field(0.0, ge=0.0, le=1000.0)
+
+
+CoalesceOption = Annotated[
+    Coalesce | Literal["auto"] | None,
+    Field(
+        description="tokens per `token` event: {tokens, ms}; `auto` coalesces on slow "
+        "connections (measured round-trip time above the server's streaming.coalesce_rtt_ms); "
+        "absent: the server's defaults (streaming.coalesce_tokens / coalesce_ms)"
+    ),
+]
+
+
 class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -34,6 +54,7 @@ class GenerateRequest(BaseModel):
     seed: Seed | None = None
     chat: bool = Field(False, description="wrap the prompt in the model's chat template")
     stream: bool = True
+    coalesce: CoalesceOption = None
 
 
 class GenerateResponse(BaseModel):

@@ -11,7 +11,8 @@ from sqlalchemy.orm import selectinload
 
 from rag_stream.errors import NotFound
 from rag_stream.schemas.events import CitationBody, Done
-from rag_stream.store.models import Conversation, Message, StreamRecord
+from rag_stream.store.models import Conversation, Message
+from rag_stream.store.streams import record_stream
 
 
 async def get_conversation(session: AsyncSession, conversation_id: str) -> Conversation:
@@ -70,16 +71,15 @@ async def save_answer(
                     ),
                 ]
             )
-            await session.merge(
-                StreamRecord(
-                    id=stream_id,
-                    kind="answer",
-                    model=model,
-                    conversation_id=conversation_id,
-                    finish_reason=done.finish_reason,
-                    text=answer,
-                    usage=usage,
-                )
+            await record_stream(
+                session,
+                stream_id=stream_id,
+                kind="answer",
+                model=model,
+                conversation_id=conversation_id,
+                finish_reason=done.finish_reason,
+                text=answer,
+                usage=usage,
             )
             try:
                 await session.commit()

@@ -34,7 +34,8 @@ def create_db(url: str) -> tuple[AsyncEngine, async_sessionmaker[AsyncSession]]:
         path = url.split(":///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_async_engine(url, pool_pre_ping=True)
+    # A pre-ping costs a round trip per checkout; only a server connection can go stale.
+    engine = create_async_engine(url, pool_pre_ping=not url.startswith("sqlite"))
     if url.startswith("sqlite"):
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     return engine, async_sessionmaker(engine, expire_on_commit=False)

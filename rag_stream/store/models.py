@@ -63,6 +63,7 @@ class NulFreeString(TypeDecorator[str]):
 
 class NulFreeText(NulFreeString):
     impl = Text
+    cache_ok = True
 
 
 class Base(DeclarativeBase):

@@ -28,6 +28,7 @@ class AppendResult:
     cancel: bool
     reader_seen_ms: int
     log_lost: bool = False  # the log lost events this writer appended: end the stream
+    superseded: bool = False  # the log refused the batch's ids: another writer wrote them
 
 
 FinishResult = Literal["done", "lease_lost", "log_lost"]
@@ -78,6 +79,18 @@ class StreamMeta:
 
 
 @dataclass(frozen=True)
+class Append:
+    """One stream's batch in an append: ``events`` follow event ``after`` (the last one its
+    writer knows is in the log). An empty batch renews the lease."""
+
+    stream_id: str
+    owner: str
+    events: Sequence[Event]
+    lease_ms: int
+    after: int
+
+
+@dataclass(frozen=True)
 class NewStream:
     """The fields a stream is created with (the first event carries the same model/created)."""
 
@@ -94,11 +107,10 @@ class EventLog(Protocol):
         self, stream_id: str, first: Event, new: NewStream, owner: str, lease_ms: int
     ) -> None: ...
 
-    async def append(
-        self, stream_id: str, owner: str, events: Sequence[Event], lease_ms: int, after: int
-    ) -> AppendResult:
-        """Append ``events``, which follow event ``after`` (the last one the writer knows is in
-        the log). An empty batch renews the lease."""
+    async def append(self, batches: Sequence[Append]) -> list[AppendResult]:
+        """Append the batches of several streams in one round trip; one result per batch, in
+        order. Each batch is checked and written on its own (one stream's lost lease does not
+        affect the others)."""
         ...
 
     async def read(self, stream_id: str, after: int, block_ms: int | None) -> list[Event]:

@@ -53,6 +53,10 @@ class Feed:
             del self.events[: len(self.events) - self.window]
         self.last_id = fresh[-1].id
         self.ended = self.ended or is_terminal(fresh[-1])
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake every reader waiting on this feed."""
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -97,6 +101,7 @@ class Feeds:
         feed = self._feeds.get(sid)
         if feed is not None and not feed.ended:
             feed.local = False
+            feed.wake()  # its readers now follow the log (and check on the new producer)
             self._tail_wake.set()
         if feed is not None:
             self._drop_if_unused(feed)
@@ -150,8 +155,7 @@ class Feeds:
             except RedisError as exc:
                 logger.warning("stream tail: event log unavailable: %s", exc)
                 for feed in remote.values():
-                    feed.changed.set()  # readers notice and check the log themselves
-                    feed.changed = asyncio.Event()
+                    feed.wake()  # readers notice and check the log themselves
                 await asyncio.sleep(0.2)
                 continue
             for sid, events in found.items():

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from rag_stream.schemas.events import Event
 from rag_stream.streaming.event_log import (
+    Append,
     AppendResult,
     FinishResult,
     NewStream,
@@ -61,16 +62,18 @@ class MemoryEventLog:
         self._streams[stream_id] = stream
         self._notify()
 
-    async def append(
-        self, stream_id: str, owner: str, events: Sequence[Event], lease_ms: int, after: int
-    ) -> AppendResult:
-        s = self._streams.get(stream_id)
-        if s is not None and s.holder() not in (None, owner):
+    async def append(self, batches: Sequence[Append]) -> list[AppendResult]:
+        return [self._append(batch) for batch in batches]
+
+    def _append(self, batch: Append) -> AppendResult:
+        s = self._streams.get(batch.stream_id)
+        if s is not None and s.holder() not in (None, batch.owner):
             return AppendResult(False, False, 0)
+        events, after = batch.events, batch.after
         last = events[-1].id if events else after
         if s is None or s.tip() not in (after, last):
             return AppendResult(False, False, 0, log_lost=True)
-        s.owner, s.lease_until = owner, time.monotonic() + lease_ms / 1000
+        s.owner, s.lease_until = batch.owner, time.monotonic() + batch.lease_ms / 1000
         if s.tip() == after:
             s.add(events)
             self._notify()

@@ -26,6 +26,7 @@ from rag_stream.settings import StreamingSettings
 from rag_stream.streaming.context import Stopped, StreamContext
 from rag_stream.streaming.event_log import EventLog, FinishResult, NewStream
 from rag_stream.streaming.feeds import Feeds
+from rag_stream.streaming.flusher import Flusher
 from rag_stream.streaming.kinds import Producer, StreamKind
 from rag_stream.streaming.writer import GONE, StreamWriter
 
@@ -43,6 +44,7 @@ class Producers:
         self.feeds = feeds
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._flusher = Flusher(event_log, cfg)
 
     @property
     def active(self) -> int:
@@ -95,7 +97,7 @@ class Producers:
     ) -> None:
         feeds = self.feeds
         writer = StreamWriter(
-            self.event_log,
+            self._flusher,
             sid,
             self.owner,
             next_id,
@@ -197,6 +199,7 @@ class Producers:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._flusher.close()
 
 
 def error_event(event_id: int, exc: BaseException) -> ErrorEvent:

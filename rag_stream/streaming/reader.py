@@ -28,6 +28,10 @@ def transient_error(code: str, message: str) -> TransientError:
     return TransientError(id=0, code=code, message=message)
 
 
+def log_unavailable(exc: RedisError) -> TransientError:
+    return transient_error("event_log_unavailable", f"event log unavailable: {exc}")
+
+
 class Readers:
     def __init__(
         self, event_log: EventLog, feeds: Feeds, takeover: Takeover, check_ms: int
@@ -39,6 +43,12 @@ class Readers:
 
     async def follow(self, sid: str, after: int) -> AsyncIterator[Event]:
         """Every event after ``after``, then live events until the terminal one."""
+        async for batch in self.follow_batches(sid, after):
+            for event in batch:
+                yield event
+
+    async def follow_batches(self, sid: str, after: int) -> AsyncIterator[list[Event]]:
+        """``follow``, yielding the events that are ready together as one list."""
         feed = self._feeds.attach(sid, after)
         cursor = after
         from_log = False
@@ -51,32 +61,36 @@ class Readers:
                         events = await self._log.read(sid, cursor, None)
                         from_log = False
                 except RedisError as exc:
-                    yield transient_error("event_log_unavailable", f"event log unavailable: {exc}")
+                    yield [log_unavailable(exc)]
                     return
-                for event in events:
-                    yield event
-                    cursor = event.id
-                    if is_terminal(event):
-                        return
                 if events:
+                    end = next((i for i, e in enumerate(events) if is_terminal(e)), None)
+                    if end is not None:
+                        yield events[: end + 1]
+                        return
+                    yield events
+                    cursor = events[-1].id
+                    continue
+                if feed.local:
+                    # this process produces it: its next batch, its end, or its giving up
+                    # (``Feeds.stop_producing``) all wake the feed; no timer needed
+                    await changed.wait()
                     continue
                 # (asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._check_s):
                         await changed.wait()
                         continue
-                if feed.local:
-                    continue  # this process produces it: its end (or give-up) comes here
                 if time.monotonic() - feed.checked_at < self._check_s:
                     continue  # another reader of this feed has just checked
                 feed.checked_at = time.monotonic()
                 try:
                     verdict = await self._check(feed, cursor)
                 except RedisError as exc:
-                    yield transient_error("event_log_unavailable", f"event log unavailable: {exc}")
+                    yield [log_unavailable(exc)]
                     return
                 if isinstance(verdict, TransientError):
-                    yield verdict
+                    yield [verdict]
                     return
                 if verdict == "ended":
                     return

@@ -10,11 +10,12 @@ Keys, under a prefix (``rs`` by default), for stream ``S``:
 - ``{p}:active``     sorted set of running stream ids (the sweeper's work list).
 - ``{p}:proc:O``     the Redis client id of process ``O``'s presence connection (see below).
 
-Appends are Lua scripts that check, in one step: that the writer still holds the lease (only
-the lease holder writes); that the log still ends where the writer left it (a Redis that lost
-its data, restarted empty, must not be extended as if nothing happened: the writer learns the
-log was lost); and they return the cancel flag and reader heartbeat, so the writer learns both
-with no extra round trip.
+Appends are one Lua script call for the batches of many streams (a process flushes all its
+streams together, see ``flusher.py``), which checks for each stream: that the writer still holds
+the lease (only the lease holder writes); that the log still ends where the writer left it (a
+Redis that lost its data, restarted empty, must not be extended as if nothing happened: the
+writer learns the log was lost); and returns the cancel flag and reader heartbeat, so the writer
+learns both with no extra round trip.
 
 Presence: every process keeps one idle connection named after itself. When a process dies the
 kernel closes it and Redis forgets the client at once, so ``owner_alive`` (``CLIENT LIST ID``)
@@ -32,6 +33,7 @@ from redis.exceptions import RedisError
 from rag_stream.errors import EventLogUnavailable
 from rag_stream.schemas.events import EVENT_ADAPTER, Event
 from rag_stream.streaming.event_log import (
+    Append,
     AppendResult,
     FinishResult,
     NewStream,
@@ -39,28 +41,54 @@ from rag_stream.streaming.event_log import (
     now_ms,
 )
 
-# KEYS: log, meta, lease. ARGV: owner, lease_ms, after (entry id the log must end with),
-# last (entry id of the batch's last event: a retry of a batch that landed), (id, json) pairs.
+# Several streams' batches in one call. KEYS: (log, meta, lease) per stream. ARGV per stream:
+# owner, lease_ms, after (entry id the log must end with), last (entry id of the batch's last
+# event: a retry of a batch that landed), n, then n (entry id, json) pairs. Returns (status,
+# cancel, seen) per stream; status 1 written, 0 another owner holds the lease, -1 the log does
+# not end where the writer left it (lost), -2 the log refused the ids (another writer's).
 _APPEND = """
-local holder = redis.call('GET', KEYS[3])
-if holder and holder ~= ARGV[1] then return {0, 0, 0} end
-if redis.call('EXISTS', KEYS[2]) == 0 then return {-1, 0, 0} end
-local tip = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local top = tip[1] and tip[1][1] or ''
-if top ~= ARGV[3] and top ~= ARGV[4] then return {-1, 0, 0} end
-if holder then
-  redis.call('PEXPIRE', KEYS[3], ARGV[2])
-else
-  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
-end
-if top == ARGV[3] then
-  for i = 5, #ARGV, 2 do
-    redis.call('XADD', KEYS[1], ARGV[i], 'e', ARGV[i + 1])
+local out = {}
+local a = 1
+for s = 0, #KEYS / 3 - 1 do
+  local log, meta, lease = KEYS[3 * s + 1], KEYS[3 * s + 2], KEYS[3 * s + 3]
+  local owner, after, last = ARGV[a], ARGV[a + 2], ARGV[a + 3]
+  local lease_ms, first = ARGV[a + 1], a + 5
+  a = first + 2 * tonumber(ARGV[a + 4])
+  local status, cancel, seen = 1, 0, 0
+  local holder = redis.call('GET', lease)
+  local top = ''
+  if holder and holder ~= owner then
+    status = 0
+  elseif redis.call('EXISTS', meta) == 0 then
+    status = -1
+  else
+    local tip = redis.call('XREVRANGE', log, '+', '-', 'COUNT', 1)
+    top = tip[1] and tip[1][1] or ''
+    if top ~= after and top ~= last then status = -1 end
   end
+  if status == 1 then
+    if holder then
+      redis.call('PEXPIRE', lease, lease_ms)
+    else
+      redis.call('SET', lease, owner, 'PX', lease_ms)
+    end
+    if top == after then
+      for i = first, a - 1, 2 do
+        local added = redis.pcall('XADD', log, ARGV[i], 'e', ARGV[i + 1])
+        if type(added) == 'table' and added.err then
+          status = -2
+          break
+        end
+      end
+    end
+    cancel = redis.call('HGET', meta, 'cancel') and 1 or 0
+    seen = tonumber(redis.call('HGET', meta, 'seen') or '0')
+  end
+  out[#out + 1] = status
+  out[#out + 1] = cancel
+  out[#out + 1] = seen
 end
-local cancel = redis.call('HGET', KEYS[2], 'cancel')
-local seen = redis.call('HGET', KEYS[2], 'seen')
-return {1, cancel and 1 or 0, tonumber(seen or '0')}
+return out
 """
 
 # KEYS: meta, lease, active, log.
@@ -179,14 +207,25 @@ class RedisEventLog:
         except RedisError as exc:
             raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
 
-    async def append(
-        self, stream_id: str, owner: str, events: Sequence[Event], lease_ms: int, after: int
-    ) -> AppendResult:
-        last = events[-1].id if events else after
-        args: list[str | int] = [owner, lease_ms, entry_id(after), entry_id(last)]
-        args += _entry_args(events)
-        owned, cancel, seen = await self._append(keys=list(self._keys(stream_id)), args=args)
-        return AppendResult(owned == 1, bool(cancel), int(seen), log_lost=owned == -1)
+    async def append(self, batches: Sequence[Append]) -> list[AppendResult]:
+        keys: list[str] = []
+        args: list[str | int] = []
+        for b in batches:
+            keys += self._keys(b.stream_id)
+            last = b.events[-1].id if b.events else b.after
+            args += [b.owner, b.lease_ms, entry_id(b.after), entry_id(last), len(b.events)]
+            args += _entry_args(b.events)
+        flat = await self._append(keys=keys, args=args)
+        return [
+            AppendResult(
+                owned=flat[i] == 1,
+                cancel=bool(flat[i + 1]),
+                reader_seen_ms=int(flat[i + 2]),
+                log_lost=flat[i] == -1,
+                superseded=flat[i] == -2,
+            )
+            for i in range(0, len(flat), 3)
+        ]
 
     async def read(self, stream_id: str, after: int, block_ms: int | None) -> list[Event]:
         found = await self.read_many({stream_id: after}, block_ms)

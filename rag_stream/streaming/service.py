@@ -59,6 +59,10 @@ class Streams:
     def follow(self, sid: str, after: int = -1) -> AsyncIterator[Event]:
         return self.readers.follow(sid, after)
 
+    def follow_batches(self, sid: str, after: int = -1) -> AsyncIterator[list[Event]]:
+        """``follow``, with the events that are ready together in one list (one SSE write)."""
+        return self.readers.follow_batches(sid, after)
+
     async def status(self, sid: str) -> StreamMeta:
         try:
             meta = await self.event_log.meta(sid)
@@ -68,14 +72,14 @@ class Streams:
             raise NotFound(f"stream {sid!r} not found (unknown, or expired after retention)")
         return meta
 
-    async def resume(self, sid: str, cursor: int) -> AsyncIterator[Event]:
-        """The events after ``cursor`` (-1: all), checked against the stream first."""
+    async def resume(self, sid: str, cursor: int) -> AsyncIterator[list[Event]]:
+        """The events after ``cursor`` (-1: all) in batches, checked against the stream first."""
         meta = await self.status(sid)
         if cursor > meta.last_event_id:
             raise InvalidRequest(
                 f"last_event_id {cursor} is beyond the stream's last event ({meta.last_event_id})"
             )
-        return self.follow(sid, cursor)
+        return self.follow_batches(sid, cursor)
 
     async def cancel(self, sid: str, wait_s: float = 10) -> CancelOutcome:
         meta = await self.status(sid)

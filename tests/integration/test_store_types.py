@@ -12,7 +12,8 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.store.db import create_db
-from rag_stream.store.models import Conversation, KnowledgeBase, Message
+from rag_stream.store.models import Conversation, KnowledgeBase, Message, StreamRecord
+from rag_stream.store.streams import record_stream
 
 # The fixture comes from tests/support/kb_stack.py; test arguments reuse its name.
 from tests.support.kb_stack import db_url  # noqa: F401
@@ -124,3 +125,22 @@ async def test_lookups_by_a_value_with_nul_find_nothing(
             )
             assert (await session.scalars(query)).all() == []
             assert await session.get(Conversation, ref) is None
+
+
+async def test_a_stream_record_is_written_once_and_replaced_by_a_second_finish(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """A takeover may finish a stream its first process already recorded: one row, the last
+    finish's values, NULs replaced as everywhere else, on every database."""
+    sid = uuid.uuid4().hex
+    fields = {"kind": "generate", "model": "m", "conversation_id": None, "usage": {"n": 1}}
+    async with sessions() as session:
+        await record_stream(session, stream_id=sid, finish_reason="length", text="ab", **fields)
+        await session.commit()
+    async with sessions() as session:
+        await record_stream(session, stream_id=sid, finish_reason="stop", text="a\x00c", **fields)
+        await session.commit()
+    async with sessions() as session:
+        rows = (await session.scalars(select(StreamRecord).where(StreamRecord.id == sid))).all()
+    assert [(r.finish_reason, r.text, r.usage) for r in rows] == [("stop", "a\ufffdc", {"n": 1})]
+    assert rows[0].created_at.tzinfo is not None

@@ -6,18 +6,21 @@ tokens: the hardest case for incremental detokenization, with no model files nee
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from rag_stream.generation.engine import Engine
 from rag_stream.generation.stub import StubEngine
 from rag_stream.pipeline.plan import TokenPlan
 from rag_stream.pipeline.tokens import TokenOutput, token_phase
 from rag_stream.schemas.events import Done, Event, FinishReason
+from rag_stream.schemas.generate import Coalesce
 from rag_stream.settings import StreamingSettings
 from rag_stream.streaming.context import StreamContext
 from rag_stream.streaming.event_log import EventLog, StreamMeta
@@ -31,6 +34,25 @@ class ByteTokenizer:
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return bytes(token_ids).decode("utf-8", errors="replace")
+
+    @functools.cached_property
+    def backend_tokenizer(self) -> Tokenizer:
+        """The same tokenizer as a ``tokenizers`` one (what fast tokenizers expose): a
+        byte-level BPE without merges, token id = byte value."""
+        alphabet = _byte_alphabet()
+        vocab = {alphabet[b]: b for b in range(256)}
+        backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        return backend
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """Byte-level BPE's printable stand-in for each byte: printable Latin-1 bytes stand for
+    themselves, the others take the code points from 256 up, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    spare = (256 + n for n in range(256))
+    return {b: chr(b) if b in printable else chr(next(spare)) for b in range(256)}
 
 
 def stub_engine(**kwargs: Any) -> StubEngine:
@@ -67,8 +89,13 @@ class ToyKind:
         self.engine = engine
         self.finished: list[str] = []  # the text each finished run reported
 
-    def accept(self, prompt_ids: list[int], max_tokens: int) -> ToyRun:
-        return ToyRun(self, TokenPlan(prompt_ids=prompt_ids, max_tokens=max_tokens))
+    def accept(
+        self, prompt_ids: list[int], max_tokens: int, coalesce: Coalesce | None = None
+    ) -> ToyRun:
+        plan = TokenPlan(
+            prompt_ids=prompt_ids, max_tokens=max_tokens, coalesce=coalesce or Coalesce()
+        )
+        return ToyRun(self, plan)
 
     async def can_continue(self, meta: StreamMeta) -> bool:
         return meta.model == self.engine.model_name

@@ -1,8 +1,10 @@
 """The real service with the stub engine at a set pace, for tests where timing is the point.
 
 ``python -m tests.support.stub_server`` reads the usual settings from the environment, plus
-``STUB_TOKEN_DELAY_S`` (seconds per token). Tokens are bytes (``ByteTokenizer``), so a stream's
-length in tokens, and so its duration, is known in advance on any machine.
+``STUB_TOKEN_DELAY_S`` (seconds per token) and, optionally, ``STUB_RTT_MS``: the round-trip time
+every connection is said to have (for ``"coalesce": "auto"``; without it, the kernel's). Tokens
+are bytes (``ByteTokenizer``), so a stream's length in tokens, and so its duration, is known in
+advance on any machine.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ def main() -> None:
     async def paced(_: Settings) -> Engine:
         return stub_engine(delay_s=delay)
 
-    app = create_app(settings, engine_factory=paced)
+    rtt = os.environ.get("STUB_RTT_MS")
+    if rtt is None:
+        app = create_app(settings, engine_factory=paced)
+    else:
+        app = create_app(settings, engine_factory=paced, rtt_source=lambda _scope: float(rtt))
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
 
 

@@ -1,0 +1,126 @@
+"""One flush loop per process: the new events of every stream it writes go to the log together.
+
+A writer with buffered events asks for a flush (``request``). The flusher waits
+``flush_interval_ms`` after the first request (not at all once a writer holds
+``flush_max_events``), then sends the batch of every writer that asked, plus an empty batch for
+each writer whose lease is due for renewal, in one ``EventLog.append`` call, and hands each
+writer its result. Streams decoding in step (one engine step gives a token to each) then cost one
+Redis round trip per step, not one per stream per token.
+
+Flushes run one after another, so a writer never has two batches in flight and its events land
+in order. A Redis error fails the whole call; it is retried (a batch that landed before the
+error is recognised by the log and not written twice), then every writer in it gives up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Protocol
+
+from redis.exceptions import RedisError
+
+from rag_stream.settings import StreamingSettings
+from rag_stream.streaming.event_log import Append, AppendResult, EventLog
+
+logger = logging.getLogger(__name__)
+
+# Streams per append call: bounds how long one script holds Redis; larger flushes are split
+# into several calls sent concurrently.
+MAX_STREAMS_PER_CALL = 128
+
+
+class Flushable(Protocol):
+    """What the flusher needs of a writer (``writer.StreamWriter``)."""
+
+    renew_due: float  # time.monotonic() when its lease needs renewing
+
+    def begin_flush(self) -> Append | None:
+        """Take the buffered events as a batch (None: nothing may be written any more)."""
+        ...
+
+    def end_flush(self, result: AppendResult | None) -> None:
+        """The log's answer to the batch (None: the log was unavailable)."""
+        ...
+
+
+class Flusher:
+    def __init__(self, event_log: EventLog, cfg: StreamingSettings) -> None:
+        self._log = event_log
+        self._cfg = cfg
+        self._writers: set[Flushable] = set()
+        self._requested: dict[Flushable, None] = {}  # insertion-ordered set
+        self._urgent = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, writer: Flushable) -> None:
+        self._writers.add(writer)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="stream-flusher")
+
+    def remove(self, writer: Flushable) -> None:
+        self._writers.discard(writer)
+        self._requested.pop(writer, None)
+
+    def request(self, writer: Flushable, *, urgent: bool = False) -> None:
+        if writer in self._writers:
+            self._requested[writer] = None
+            self._urgent = self._urgent or urgent
+            self._wake.set()
+
+    async def _run(self) -> None:
+        while self._writers or self._requested:
+            if not self._requested:
+                renew_at = min(w.renew_due for w in self._writers)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, renew_at - time.monotonic())):
+                        await self._wake.wait()
+            if self._requested and not self._urgent and self._cfg.flush_interval_ms > 0:
+                await asyncio.sleep(self._cfg.flush_interval_ms / 1000)
+            self._wake.clear()
+            self._urgent = False
+            now = time.monotonic()
+            due = list(self._requested)
+            due += [w for w in self._writers if w.renew_due <= now and w not in self._requested]
+            self._requested.clear()
+            await self._flush(due)
+
+    async def _flush(self, writers: list[Flushable]) -> None:
+        pairs = [(w, b) for w in writers if (b := w.begin_flush()) is not None]
+        if not pairs:
+            return
+        results: list[AppendResult | None] = [None] * len(pairs)
+        try:
+            results = await self._send([b for _, b in pairs])
+        except Exception:
+            logger.exception("append of %d streams failed unexpectedly", len(pairs))
+        finally:  # every writer hears back, even when this process is shutting down
+            for (writer, _), result in zip(pairs, results, strict=True):
+                writer.end_flush(result)
+
+    async def _send(self, batches: list[Append]) -> list[AppendResult | None]:
+        calls = [
+            batches[i : i + MAX_STREAMS_PER_CALL]
+            for i in range(0, len(batches), MAX_STREAMS_PER_CALL)
+        ]
+        for attempt in range(self._cfg.redis_retries + 1):
+            try:
+                answers = await asyncio.gather(*(self._log.append(call) for call in calls))
+                return [result for answer in answers for result in answer]
+            except RedisError as exc:
+                logger.warning(
+                    "append of %d streams failed (%s), attempt %d", len(batches), exc, attempt
+                )
+                await asyncio.sleep(0.2 * (attempt + 1))
+        return [None] * len(batches)
+
+    async def close(self) -> None:
+        self._writers.clear()
+        self._requested.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

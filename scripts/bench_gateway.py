@@ -1,0 +1,508 @@
+"""Benchmark rag-stream's gateway against vLLM's own OpenAI server, driven by one client.
+
+Part A, the real engine. SmolLM2-135M-Instruct with the engine arguments rag-stream uses (float32,
+prefix caching, enforce_eager, seed 0, max_model_len 4096, max_num_seqs 32, a 1 GiB KV cache,
+gpu_memory_utilization 0.3) runs behind ``python -m vllm.entrypoints.openai.api_server`` ("raw",
+streaming POST /v1/chat/completions) and behind ``python -m rag_stream serve`` ("ours", POST
+/v1/generate with ``chat: true``, SSE). Both servers are up at once, but only one is driven at a
+time. For each concurrency c and round, both targets get the same max(16, 2c) chat prompts, c at a
+time, greedy, max_tokens 64; a prompt starts with a nonce unique in the run, so nothing past the
+chat template's system part is ever a cached prefix. Which target goes first alternates by round.
+Per target and round: TTFT p50/p99 (to the first non-empty ``delta.content`` / first ``token``
+event), TPOT p50, output tokens/s over the batch's wall time, and CPU µs per output token of the
+server's own process (utime+stime of the PID launched, not its engine-core child). Ratios ours/raw
+are taken per round, then summarized (median and spread) across rounds.
+
+Part B, the SSE layer alone: the stub engine (scripts/bench_streams.py) emitting as fast as it can,
+many concurrent streams; SSE events (every event, a token event once whatever it carries) and
+tokens per server CPU-second, with ``streaming.checkpoint`` on and off, each with the request field
+``coalesce: {"tokens": 3, "ms": 20}`` and without (recorded as "unsupported" if the server
+answers 422 for it). The variants' order alternates by round.
+
+    .venv/bin/python scripts/bench_gateway.py --out docs/bench/gateway.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.bench_streams import start_stub  # noqa: E402
+from scripts.benchstats import summary  # noqa: E402
+from tests.support.server import ServerProcess, free_port  # noqa: E402
+
+MODELS = ROOT / ".data" / "models"
+MODEL = MODELS / "SmolLM2-135M-Instruct"
+SERVED = "smol"
+MAX_MODEL_LEN, MAX_NUM_SEQS, KV_GB = 4096, 32, 1.0
+COALESCE = {"tokens": 3, "ms": 20}
+TICK = os.sysconf("SC_CLK_TCK")
+TOPICS = (
+    "volcanoes", "tides", "photosynthesis", "the printing press", "honeybees", "glaciers",
+    "compound interest", "the Roman aqueducts", "jet engines", "coral reefs", "vaccines",
+    "the water cycle", "black holes", "sourdough bread", "the Silk Road", "solar panels",
+    "migratory birds", "the stock market", "earthquakes", "chess openings", "rainforests",
+    "the human heart", "lighthouses", "electric cars", "the Moon's phases", "coffee roasting",
+    "recycling plastics", "the Great Wall", "hurricanes", "octopuses", "wind turbines",
+    "the immune system", "maps and compasses", "deserts", "the violin", "public libraries",
+    "bridges", "penguins", "the internet", "tea ceremonies",
+)  # fmt: skip
+TEMPLATES = (
+    "Explain {} to a curious ten-year-old.",
+    "Give three surprising facts about {}.",
+    "Write a short paragraph on why {} matter to everyday life.",
+    "What are the most common misconceptions about {}?",
+    "Describe how {} work, step by step.",
+)
+
+
+def question(c: int, rnd: int, i: int) -> str:
+    """A prompt never used before in the run: the nonce comes first."""
+    topic = TOPICS[(7 * i + 3 * rnd + c) % len(TOPICS)]
+    return f"Request {c}-{rnd}-{i}. " + TEMPLATES[(i + rnd) % len(TEMPLATES)].format(topic)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (all its threads, none of its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # fields 14 and 15 of the whole line
+
+
+async def sse(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    """(event, data) of each SSE event; comments and ids are skipped."""
+    event, data = "message", list[str]()
+    async for line in response.aiter_lines():
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield event, "\n".join(data)
+
+
+class Step(NamedTuple):
+    token: bool = False  # new text arrived
+    tokens: int | None = None  # completion tokens, from the final usage
+    finish: str | None = None
+
+
+def raw_body(q: str, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": SERVED,
+        "messages": [{"role": "user", "content": q}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def raw_step(event: str, data: str) -> Step:
+    if data == "[DONE]":
+        return Step()
+    chunk = json.loads(data)
+    if "error" in chunk:
+        raise RuntimeError(f"raw: {chunk['error']}")
+    choices, usage = chunk.get("choices") or [], chunk.get("usage")
+    content = choices and (choices[0].get("delta") or {}).get("content")
+    finish = choices[0].get("finish_reason") if choices else None
+    return Step(bool(content), usage["completion_tokens"] if usage else None, finish)
+
+
+def ours_body(q: str, max_tokens: int) -> dict[str, Any]:
+    return {"prompt": q, "chat": True, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+
+
+def ours_step(event: str, data: str) -> Step:
+    if event == "token":
+        return Step(token=True)
+    if event == "done":
+        done = json.loads(data)
+        return Step(False, done["usage"]["completion_tokens"], done["finish_reason"])
+    if event == "error":
+        raise RuntimeError(f"ours: {data}")
+    return Step()
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str
+    pid: int
+    body: Callable[[str, int], dict[str, Any]]
+    read: Callable[[str, str], Step]
+
+
+async def one_request(
+    client: httpx.AsyncClient, target: Target, q: str, max_tokens: int
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    first = last = 0.0
+    tokens, finish = 0, ""
+    async with client.stream("POST", target.url, json=target.body(q, max_tokens)) as response:
+        if response.status_code != 200:
+            body = (await response.aread())[:300]
+            raise RuntimeError(f"{target.name}: HTTP {response.status_code}: {body!r}")
+        async for event, data in sse(response):
+            step = target.read(event, data)
+            if step.token:
+                last = time.perf_counter()
+                first = first or last
+            tokens = step.tokens if step.tokens is not None else tokens
+            finish = step.finish or finish
+    return {
+        "ttft_ms": (first - started) * 1000 if first else None,
+        "tpot_ms": (last - first) * 1000 / (tokens - 1) if first and tokens > 1 else None,
+        "tokens": tokens,
+        "finish": finish,
+    }
+
+
+async def run_batch(
+    client: httpx.AsyncClient, target: Target, prompts: list[str], c: int, max_tokens: int
+) -> dict[str, Any]:
+    """All prompts, c at a time; the server's own CPU around the whole batch."""
+    samples: list[dict[str, Any]] = [{}] * len(prompts)
+    pending = iter(enumerate(prompts))
+
+    async def worker() -> None:
+        for i, q in pending:
+            samples[i] = await one_request(client, target, q, max_tokens)
+
+    cpu0, wall0 = cpu_seconds(target.pid), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(c)))
+    wall, cpu = time.perf_counter() - wall0, cpu_seconds(target.pid) - cpu0
+    tokens = sum(s["tokens"] for s in samples)
+    ttfts = [s["ttft_ms"] for s in samples if s["ttft_ms"] is not None]
+    tpots = [s["tpot_ms"] for s in samples if s["tpot_ms"] is not None]
+    return {
+        "requests": len(samples),
+        "tokens": tokens,
+        "tokens_per_request": [s["tokens"] for s in samples],
+        "finish": dict(Counter(s["finish"] for s in samples)),
+        "wall_s": round(wall, 3),
+        "server_cpu_s": round(cpu, 3),
+        "ttft_ms_p50": summary(ttfts)["p50"] if ttfts else None,
+        "ttft_ms_p99": summary(ttfts)["p99"] if ttfts else None,
+        "tpot_ms_p50": summary(tpots, digits=2)["p50"] if tpots else None,
+        "tokens_per_s": round(tokens / wall, 1),
+        "cpu_us_per_token": round(cpu * 1e6 / tokens) if tokens else None,
+    }
+
+
+def start_redis() -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cmd = ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"redis://127.0.0.1:{port}/0"
+        time.sleep(0.1)
+    proc.kill()
+    raise TimeoutError("redis-server did not start")
+
+
+def start_raw(log: Path) -> ServerProcess:
+    port = free_port()
+    command = [
+        *(sys.executable, "-m", "vllm.entrypoints.openai.api_server"),
+        *("--model", str(MODEL), "--served-model-name", SERVED, "--dtype", "float32"),
+        *("--enable-prefix-caching", "--enforce-eager", "--seed", "0"),
+        *("--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS)),
+        *("--kv-cache-memory-bytes", str(int(KV_GB * (1 << 30)))),
+        *("--gpu-memory-utilization", "0.3"),  # as rag_stream/generation/vllm_engine.py
+        *("--disable-uvicorn-access-log", "--port", str(port), "--host", "127.0.0.1"),
+    ]  # fmt: skip
+    return ServerProcess({}, log, port=port, command=command)
+
+
+def start_ours(data: Path, redis_url: str) -> ServerProcess:
+    env = {
+        "RAG_STREAM_PROFILE": "default",
+        "RAG_STREAM_DATA_DIR": str(data),
+        "RAG_STREAM_MODELS_DIR": str(MODELS),
+        "RAG_STREAM_REDIS_URL": redis_url,
+        "RAG_STREAM_INGEST__SAMPLE_KB": "false",
+        "RAG_STREAM_LOG_LEVEL": "warning",
+        "RAG_STREAM_ENGINE__MAX_NUM_SEQS": str(MAX_NUM_SEQS),
+        "RAG_STREAM_ENGINE__MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+        "RAG_STREAM_ENGINE__KV_CACHE_GB": str(KV_GB),
+        "RAG_STREAM_DTYPE": "float32",
+    }
+    return ServerProcess(env, data / "ours.log")
+
+
+def wait_health(server: ServerProcess, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"raw vLLM exited:\n{server.log_tail()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"raw vLLM not healthy after {timeout} s:\n{server.log_tail()}")
+
+
+# per target and round -> median and spread across rounds (with these digits)
+METRICS = {"ttft_ms_p50": 1, "ttft_ms_p99": 1, "tpot_ms_p50": 2, "tokens_per_s": 1}
+METRICS["cpu_us_per_token"] = 0
+RATIOS = ("ttft_ms_p50", "tokens_per_s", "cpu_us_per_token")
+
+
+def across(values: list[float | None], digits: int) -> dict[str, float]:
+    kept = [v for v in values if v is not None]
+    return summary(kept, digits=digits) if kept else {}
+
+
+async def engine_rounds(args: argparse.Namespace, raw: Target, ours: Target) -> dict[str, Any]:
+    top = max(args.concurrency)
+    limits = httpx.Limits(max_connections=top, max_keepalive_connections=top)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        result: dict[str, Any] = {}
+        for c in args.concurrency:
+            for target in (raw, ours):  # warm-up at this concurrency, prompts of its own
+                warm = [f"Warm-up {c}-{i}. Say hello." for i in range(c)]
+                await run_batch(client, target, warm, c, 8)
+            n = args.requests or max(16, 2 * c)
+            rounds = []
+            for rnd in range(args.rounds):
+                prompts = [question(c, rnd, i) for i in range(n)]
+                order = (raw, ours) if rnd % 2 == 0 else (ours, raw)
+                row: dict[str, Any] = {"round": rnd, "first": order[0].name}
+                for target in order:
+                    row[target.name] = await run_batch(client, target, prompts, c, args.max_tokens)
+                r, o = row["raw"], row["ours"]
+                row["ratios"] = {
+                    k: round(o[k] / r[k], 3) if r[k] and o[k] else None for k in RATIOS
+                }
+                pairs = zip(r["tokens_per_request"], o["tokens_per_request"], strict=True)
+                row["token_count_mismatches"] = sum(a != b for a, b in pairs)
+                print(f"c={c} round {rnd}:", {k: row[k] for k in ("first", "ratios")}, flush=True)
+                rounds.append(row)
+            agg: dict[str, Any] = {"requests_per_target": n, "rounds": rounds}
+            for name in ("raw", "ours"):
+                agg[name] = {k: across([x[name][k] for x in rounds], d) for k, d in METRICS.items()}
+            agg["ours_over_raw"] = {k: across([x["ratios"][k] for x in rounds], 3) for k in RATIOS}
+            result[str(c)] = agg
+    return result
+
+
+def engine_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str, Any]:
+    (base / "ours").mkdir()
+    servers: list[ServerProcess] = []
+    spy: subprocess.Popen[bytes] | None = None
+    report: dict[str, Any] = {}
+    try:  # both load at once (~30-60 s each), then wait for both
+        servers += [start_raw(base / "raw-vllm.log"), start_ours(base / "ours", redis_url)]
+        raw_server, ours_server = servers
+        wait_health(raw_server)
+        ours_server.wait_ready(600)
+        pids = {"raw": raw_server.proc.pid, "ours": ours_server.proc.pid}
+        report["measured_processes"] = {
+            k: Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ").strip()
+            for k, p in pids.items()
+        }
+        assert "vllm.entrypoints.openai.api_server" in report["measured_processes"]["raw"]
+        assert "-m rag_stream serve" in report["measured_processes"]["ours"]
+        if args.profile_ours:
+            beside = Path(sys.executable).with_name("py-spy")
+            exe = str(beside) if beside.exists() else shutil.which("py-spy")
+            if exe is None:
+                print("py-spy is not on the PATH: --profile-ours ignored", flush=True)
+            else:
+                out = str(args.profile_ours)
+                # collapsed stacks (text): flamegraph tools and a grep read them
+                command = [exe, "record", "-f", "raw", "-r", "200", "-o", out]
+                spy = subprocess.Popen([*command, "--pid", str(pids["ours"])])
+                report["profiled_ours"] = out  # sampling slows ours down: ratios are skewed
+        raw_url = raw_server.url + "/v1/chat/completions"
+        raw = Target("raw", raw_url, pids["raw"], raw_body, raw_step)
+        ours = Target("ours", ours_server.url + "/v1/generate", pids["ours"], ours_body, ours_step)
+        report["by_concurrency"] = asyncio.run(engine_rounds(args, raw, ours))
+    finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(120)
+        for server in servers:
+            server.stop()
+    return report
+
+
+async def stub_batch(
+    server: ServerProcess, streams: int, tokens: int, coalesce: dict[str, int] | None
+) -> dict[str, float]:
+    body: dict[str, Any] = {"prompt": "bench", "max_tokens": tokens}
+    if coalesce:
+        body["coalesce"] = coalesce
+    counts = Counter[str]()
+
+    async def one(client: httpx.AsyncClient) -> None:
+        async with client.stream("POST", "/v1/generate", json=body) as response:
+            async for event, data in sse(response):
+                counts["events"] += 1
+                if event == "token":
+                    counts["tokens"] += len(json.loads(data)["token_ids"])
+
+    limits = httpx.Limits(max_connections=streams)
+    async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
+        cpu0, wall0 = cpu_seconds(server.proc.pid), time.perf_counter()
+        await asyncio.gather(*(one(client) for _ in range(streams)))
+        wall, cpu = time.perf_counter() - wall0, cpu_seconds(server.proc.pid) - cpu0
+    return {
+        **counts,
+        "wall_s": round(wall, 3),
+        "server_cpu_s": round(cpu, 3),
+        "events_per_s": round(counts["events"] / wall),
+        "events_per_cpu_s": round(counts["events"] / cpu),
+        "tokens_per_cpu_s": round(counts["tokens"] / cpu),
+    }
+
+
+STUB_METRICS = ("events_per_cpu_s", "tokens_per_cpu_s", "events_per_s")
+
+
+def stub_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str, Any]:
+    servers: dict[str, ServerProcess] = {}
+    report: dict[str, Any] = {"streams": args.stub_streams, "tokens": args.stub_tokens}
+    try:
+        for checkpoint in (True, False):
+            data = base / f"stub-{checkpoint}"
+            data.mkdir()
+            servers[f"checkpoint_{'on' if checkpoint else 'off'}"] = start_stub(
+                data, redis_url, checkpoint
+            )
+        probe = {"prompt": "bench", "max_tokens": 4, "stream": False, "coalesce": COALESCE}
+        status = httpx.post(servers["checkpoint_on"].url + "/v1/generate", json=probe).status_code
+        if status not in (200, 422):
+            raise RuntimeError(f"coalesce probe: HTTP {status}")
+        report["coalesce"] = COALESCE if status == 200 else "unsupported"
+        variants: list[tuple[str, dict[str, int] | None]] = [(name, None) for name in servers]
+        if status == 200:
+            variants += [(f"{name}+coalesce", COALESCE) for name in servers]
+        for server in servers.values():  # warm-up
+            asyncio.run(stub_batch(server, 4, 50, None))
+        rows: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
+        for rnd in range(args.stub_rounds):
+            for name, coalesce in variants if rnd % 2 == 0 else variants[::-1]:
+                server = servers[name.split("+")[0]]
+                row = asyncio.run(stub_batch(server, args.stub_streams, args.stub_tokens, coalesce))
+                print(f"stub round {rnd} {name}:", row, flush=True)
+                rows[name].append(row)
+        report["variants"] = {
+            name: {k: summary([r[k] for r in runs], digits=0) for k in STUB_METRICS}
+            | {"rounds": runs}
+            for name, runs in rows.items()
+        }
+    finally:
+        for server in servers.values():
+            server.stop()
+    return report
+
+
+def cell(s: dict[str, float]) -> str:
+    if not s:
+        return "–"
+    return f"{s['p50']:g}" if s["n"] == 1 else f"{s['p50']:g} ({s['min']:g}–{s['max']:g})"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = []
+    if "engine" in report:
+        lines += [
+            "| c | target | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | tokens/s | CPU µs/token |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c, agg in report["engine"]["by_concurrency"].items():
+            for name, label in (("raw", "vLLM OpenAI server"), ("ours", "rag-stream")):
+                lines.append(
+                    f"| {c} | {label} | {' | '.join(cell(agg[name][k]) for k in METRICS)} |"
+                )
+            ratio = agg["ours_over_raw"]
+            cells = [cell(ratio[k]) if k in ratio else "" for k in METRICS]
+            lines.append(f"| {c} | **ours / raw** | {' | '.join(cells)} |")
+    if "stub" in report:
+        lines += [
+            "",
+            f"SSE layer, stub engine (coalesce: {report['stub']['coalesce']}):",
+            "",
+            "| variant | events / CPU-s | tokens / CPU-s | events/s |",
+            "|---|---|---|---|",
+        ]
+        for name, v in report["stub"]["variants"].items():
+            lines.append(f"| {name} | {' | '.join(cell(v[k]) for k in STUB_METRICS)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="rag-stream gateway vs raw vLLM OpenAI server")
+    parser.add_argument("--skip-engine", action="store_true", help="no part A (real engine)")
+    parser.add_argument("--skip-stub", action="store_true", help="no part B (stub engine)")
+    parser.add_argument(
+        "--concurrency",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 4, 8, 16],
+        help="comma-separated concurrency levels (default 1,4,8,16)",
+    )
+    parser.add_argument("--requests", type=int, help="per target and round (max(16, 2c))")
+    ints = {"rounds": 3, "max-tokens": 64, "stub-rounds": 3, "stub-streams": 32, "stub-tokens": 500}
+    for name, default in ints.items():
+        parser.add_argument(f"--{name}", type=int, default=default, help=f"default {default}")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "gateway.json")
+    parser.add_argument(
+        "--profile-ours",
+        type=Path,
+        metavar="PATH",
+        help="record rag-stream with `py-spy record -o PATH --pid` during part A (skews the "
+        "ratios); ignored with a warning when py-spy is not on the PATH (it is not installed "
+        "by default)",
+    )
+    args = parser.parse_args()
+    report: dict[str, Any] = {"command": " ".join(sys.argv), "loadavg_start": os.getloadavg()}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        redis_proc, redis_url = start_redis()
+        try:
+            if not args.skip_engine:
+                report["engine"] = engine_part(args, base, redis_url)
+            if not args.skip_stub:
+                report["stub"] = stub_part(args, base, redis_url)
+        finally:
+            redis_proc.kill()
+            redis_proc.wait()
+    report["loadavg_end"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(markdown(report))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

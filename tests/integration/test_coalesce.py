@@ -1,0 +1,99 @@
+"""Several tokens per ``token`` event on the real engine: the same text in fewer events, resumable
+from the middle, and ``auto`` deciding from the connection's round-trip time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
+from tests.support.server import ServerProcess
+from tests.support.sse import Frame, read_stream, text_of
+
+pytestmark = pytest.mark.engine
+
+PROMPT = "A short history of lighthouses, and of the people who kept them:"
+
+
+def _stream(
+    server: ServerProcess, body: dict[str, Any], stop_after: int | None = None
+) -> list[Frame]:
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        return read_stream(client, "POST", "/v1/generate", json=body, stop_after=stop_after)
+
+
+def _sizes(frames: list[Frame]) -> list[int]:
+    return [len(f.data["token_ids"]) for f in frames if f.event == "token"]
+
+
+def _ids(frames: list[Frame]) -> list[int]:
+    return [t for f in frames if f.event == "token" for t in f.data["token_ids"]]
+
+
+def _check_whole(frames: list[Frame]) -> None:
+    assert [f.id for f in frames] == list(range(len(frames)))
+    assert frames[0].event == "stream" and frames[-1].event == "done"
+    sizes = _sizes(frames)
+    positions = [f.data["index"] for f in frames if f.event == "token"]
+    assert positions == [sum(sizes[:i]) for i in range(len(sizes))]
+
+
+def test_coalesced_stream_has_the_same_tokens_in_fewer_events(tiny_server: ServerProcess) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 120}
+    plain = _stream(tiny_server, body)
+    merged = _stream(tiny_server, {**body, "coalesce": {"tokens": 4, "ms": 1000}})
+    _check_whole(plain)
+    _check_whole(merged)
+    assert _ids(merged) == _ids(plain)  # float32 greedy: the same tokens...
+    assert text_of(merged) == text_of(plain)  # ...and the same text
+    sizes = _sizes(merged)
+    assert all(4 <= n <= 7 for n in sizes[:-1]), sizes  # 4, or a character's few more
+    assert len(sizes) <= len(_sizes(plain)) / 3
+    usage = merged[-1].data["usage"]
+    assert usage["completion_tokens"] == plain[-1].data["usage"]["completion_tokens"]
+
+
+def test_resume_in_the_middle_of_a_coalesced_stream(tiny_server: ServerProcess) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 400, "coalesce": {"tokens": 3, "ms": 1000}}
+    first = _stream(tiny_server, body, stop_after=4)  # stream + 3 coalesced token events
+    sid = first[0].data["stream_id"]
+    status = httpx.get(f"{tiny_server.url}/v1/streams/{sid}", timeout=30).json()
+    assert status["status"] == "running", status  # left while it was still generating
+    assert all(n >= 3 for n in _sizes(first))
+    with httpx.Client(base_url=tiny_server.url, timeout=120) as client:
+        rest = read_stream(
+            client,
+            "GET",
+            f"/v1/streams/{sid}/events",
+            headers={"Last-Event-ID": str(first[-1].id)},
+        )
+    frames = first + rest
+    _check_whole(frames)  # the cursor named an event: nothing lost, nothing repeated
+    assert _sizes(rest) and all(3 <= n <= 6 for n in _sizes(frames)[:-1])
+    replay = _stream(tiny_server, {**body, "coalesce": None})
+    assert _ids(frames) == _ids(replay) and text_of(frames) == text_of(replay)
+
+
+def test_auto_coalesces_only_on_a_slow_connection(
+    server_factory: ServerFactory, stub_server: ServerProcess
+) -> None:
+    far = server_factory(
+        stub_delay_s=STUB_DELAY_S,
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        STUB_RTT_MS="250",  # above streaming.coalesce_rtt_ms (100): a far-away client
+    )
+    try:
+        body = {"prompt": "auto", "max_tokens": 90, "coalesce": "auto"}
+        slow = _stream(far, body)
+        near = _stream(stub_server, body)  # the kernel's RTT of a loopback connection
+        _check_whole(slow)
+        _check_whole(near)
+        assert _ids(slow) == _ids(near)
+        assert max(_sizes(near)) <= 4  # one token an event (a character's bytes stay together)
+        assert len(_sizes(near)) > 40
+        # 3 tokens, or what 50 ms gathered at 200 tokens a second: never one event a token
+        assert len(_sizes(slow)) <= len(_sizes(near)) / 2
+    finally:
+        far.stop()
