@@ -95,7 +95,10 @@ class StreamingSettings(BaseModel):
     coalesce_tokens: int = Field(1, ge=1, le=64)
     coalesce_ms: float = Field(0.0, ge=0, le=1000)
     coalesce_rtt_ms: float = Field(100.0, ge=0)
-    flush_interval_ms: float = Field(5.0, ge=0)
+    # Extra wait before a flush, to gather more events into it. 0: flush as soon as the event loop
+    # is free; batches still form while a flush is in flight (group commit), so a busy process
+    # sends one round trip per engine step for all its streams and an idle one adds no delay.
+    flush_interval_ms: float = Field(0.0, ge=0)
     flush_max_events: int = Field(32, ge=1)
     lease_ms: int = Field(3000, ge=500)
     renew_interval_s: float = Field(1.0, gt=0)

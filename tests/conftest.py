@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from rag_stream.prepare import make_tiny_model
 from rag_stream.settings import DEFAULT_EMBEDDER_DIRNAME, DEFAULT_LLM_DIRNAME
@@ -94,10 +95,41 @@ def server_factory(
         server.stop()
 
 
+# Where the tiny server saves KV blocks (its connector's keys and counters).
+TINY_KV_PREFIX = f"{SESSION_PREFIX}-kv"
+
+
+def used_by_this_run(request: pytest.FixtureRequest, fixture: str) -> bool:
+    """Whether a test selected for this run uses ``fixture``."""
+    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+
 @pytest.fixture(scope="session")
-def tiny_server(server_factory: ServerFactory, tiny_model: Path) -> ServerProcess:
-    """One server on the tiny model and the real local Redis, shared by protocol tests."""
-    return server_factory(RAG_STREAM_MODEL=str(tiny_model), RAG_STREAM_REDIS_URL=REDIS_URL)
+def tiny_server(
+    request: pytest.FixtureRequest, server_factory: ServerFactory, tiny_model: Path
+) -> Iterator[ServerProcess]:
+    """One server on the tiny model and the real local Redis, shared by protocol tests.
+
+    KV snapshots are on, so that the test of that wiring (test_kv_server.py) needs no engine
+    start of its own (half a minute or more here). The connector changes no stream: this
+    server only loads blocks it saved itself, and restored KV gives the tokens recomputed KV
+    gives (test_kv_restore.py)."""
+    if used_by_this_run(request, "default_server"):
+        request.getfixturevalue("default_server_start")  # both engines start at once
+    server = server_factory(
+        RAG_STREAM_MODEL=str(tiny_model),
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        RAG_STREAM_KV__ENABLED="true",
+        RAG_STREAM_KV__KEY_PREFIX=TINY_KV_PREFIX,
+    )
+    yield server
+    server.stop()  # no more saves: then its blocks can go
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for key in client.scan_iter(f"{TINY_KV_PREFIX}:*", count=1000):
+            client.delete(key)
+    finally:
+        client.close()
 
 
 STUB_DELAY_S = 0.005  # 200 tokens a second on any machine
@@ -119,11 +151,20 @@ def default_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("default-data")
 
 
+@pytest.fixture(scope="session")
+def default_server_start(server_factory: ServerFactory, default_data_dir: Path) -> ServerProcess:
+    """The default-profile server, started but not waited for; ``default_server`` has it.
+
+    ``tiny_server`` starts it alongside itself, early in a run: a vLLM start is mostly one busy
+    core at a time, so on two cores the two are ready sooner together than one after the other
+    (77 s against 102 s, measured), and this one is ready, its sample KB ingested, when its
+    module comes."""
+    return server_factory(wait=False, RAG_STREAM_PROFILE="default", data_dir=default_data_dir)
+
+
 @pytest.fixture(scope="module")
-def default_server(
-    server_factory: ServerFactory, default_data_dir: Path
-) -> Iterator[ServerProcess]:
+def default_server(default_server_start: ServerProcess) -> Iterator[ServerProcess]:
     """The default profile with no URLs: SmolLM2, embedded Redis, SQLite, local Qdrant."""
-    server = server_factory(RAG_STREAM_PROFILE="default", data_dir=default_data_dir)
-    yield server
-    server.stop()  # engines hold ~3 GB each: free it for the next module
+    default_server_start.wait_ready()
+    yield default_server_start
+    default_server_start.stop()  # engines hold ~3 GB each: free it for the next module

@@ -16,6 +16,7 @@ from typing import Any, cast
 import anyio
 
 from rag_stream.errors import EngineUnavailable
+from rag_stream.generation.detokenize import backend_of
 from rag_stream.generation.engine import EngineStep, Sampling, Tokenizer
 from rag_stream.schemas.events import FinishReason
 from rag_stream.settings import Settings
@@ -33,6 +34,7 @@ class VLLMEngine:
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.tokenizer = cast(Tokenizer, llm.get_tokenizer())
+        backend_of(self.tokenizer)  # streaming decodes with it: refuse a slow tokenizer at start
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.stop_token_ids = frozenset([eos] if isinstance(eos, int) else [])
         self.cache_block_size = int(llm.vllm_config.cache_config.block_size or 16)
@@ -70,8 +72,13 @@ class VLLMEngine:
             llm = await anyio.to_thread.run_sync(build)
         except Exception as exc:
             raise EngineUnavailable(f"vLLM failed to start with model {model}: {exc}") from exc
+        try:
+            engine = cls(llm, model_name=model, max_model_len=settings.engine.max_model_len)
+        except TypeError as exc:
+            await anyio.to_thread.run_sync(llm.shutdown)
+            raise EngineUnavailable(f"model {model} cannot be served: {exc}") from exc
         log.info("engine: ready in %.1f s", time.monotonic() - started)
-        return cls(llm, model_name=model, max_model_len=settings.engine.max_model_len)
+        return engine
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
         apply = getattr(self.tokenizer, "apply_chat_template")  # noqa: B009

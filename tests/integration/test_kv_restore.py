@@ -1,27 +1,32 @@
 """KV blocks saved to Redis by one engine are restored by fresh engines (real vLLM, real Redis).
 
 Engines are expensive to start, so each scenario is one module fixture that runs one engine
-(or server) to the end and returns what it saw, and the tests check those outcomes. Only one
-engine is alive at a time. A scenario that fails errors only the tests that use it:
+(or server) to the end and returns what it saw, and the tests check those outcomes. A scenario
+that fails errors only the tests that use it. Start-up is most of an engine's cost: ``engines``
+starts each one while the one before works, two alive at most (``tests.support.ahead``).
+
+All of them use one redis-server of the module's own, which the last scenario stops:
 
 - ``reference`` (C: tiny model, connector off) recomputes every prompt;
 - ``saved`` (A: tiny, connector on) generates, saving prompt and generated blocks;
 - ``served`` (a vLLM OpenAI server with the connector) restores A's blocks and saves a prompt;
-- ``restored`` (B: fresh, connector on) restores A's blocks, including the generated blocks of
-  A's long answer (a crash takeover), and the server's prompt; one block is evicted mid-load;
+- ``restored`` (B: fresh, connector on, no prefix caching) restores A's blocks, including the
+  generated blocks of A's long answer (a crash takeover), and the server's prompt; one block
+  is evicted mid-load;
 - ``other_model`` (S: SmolLM2, connector on, same prefix) must not load the tiny model's blocks;
-- ``redis_down`` (D: tiny, connector on a private redis-server) keeps working while it is down.
+- ``redis_down`` (B again, once everything else has read the store) keeps working while Redis
+  is down, and saves and restores again once it is back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,13 +34,15 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from redis.asyncio import Redis as AsyncRedis
 
 from rag_stream.kv.config import transfer_config_json
+from rag_stream.kv.metrics import kv_stats
 from rag_stream.kv.probe import ProbeProcess
 from rag_stream.kv.store import index_key, stats_key, total_key
 from rag_stream.settings import load_settings
-from tests.conftest import REDIS_URL
 from tests.support import kv_eviction
+from tests.support.ahead import Ahead
 from tests.support.server import ROOT, free_port
 
 pytestmark = pytest.mark.engine
@@ -103,21 +110,22 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 30) -> None:
         raise TimeoutError("condition not reached")
 
 
-def connector_on(prefix: str, url: str = REDIS_URL) -> tuple[str, ...]:
+def connector_on(prefix: str, url: str) -> tuple[str, ...]:
     return ("--kv-url", url, "--kv-prefix", prefix)
 
 
-@contextlib.contextmanager
-def engine(
-    logs: Path, name: str, model: Path, *args: str, env: dict[str, str] | None = None
-) -> Iterator[ProbeProcess]:
-    """A fresh probe engine, stopped on the way out (each holds ~3 GB)."""
-    probe = ProbeProcess(["--model", str(model), *args], str(logs / f"{name}.log"), env)
-    try:
-        probe.wait_ready()
-        yield probe
-    finally:
-        probe.close()
+class Probe(ProbeProcess):
+    """A probe engine (``rag_stream.kv.probe``) that stops like the other processes here."""
+
+    def stop(self) -> None:
+        self.close()
+
+
+def probe(
+    log: Path, model: Path, *args: str, env: dict[str, str] | None = None
+) -> Callable[[], Probe]:
+    """What starts a probe engine on ``model``."""
+    return lambda: Probe(["--model", str(model), *args], str(log), env)
 
 
 class PrivateRedis:
@@ -227,18 +235,52 @@ class ApiServer:
         self._log.close()
 
 
-@pytest.fixture(scope="module")
-def kv_prefix() -> Iterator[str]:
-    prefix = f"test-kv:{uuid.uuid4().hex[:8]}"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    for key in client.scan_iter(f"{prefix}:*", count=1000):
-        client.delete(key)
+PREFIX = "test-kv"  # the store is the module's own: no other user to keep apart from
+
+# The engine of each scenario fixture, in the order the tests below first ask for them.
+# ``restored`` runs ``served`` first; ``redis_down`` runs on B once the others read the store.
+SCENARIOS = {
+    "saved": "A",
+    "served": "server",
+    "restored": "B",
+    "reference": "C",
+    "other_model": "S",
+    "redis_down": "B",
+}
+# What must run before: B also reads the blocks the server saved; stopping Redis loses every
+# block the others read, and the counters ``store_stats`` reads.
+RUNS_FIRST = {
+    "restored": ("served",),
+    "redis_down": ("restored", "other_model", "store_stats"),
+}
+
+
+def wanted_engines(request: pytest.FixtureRequest) -> list[str]:
+    """The engines the selected tests of this module need, in the order they ask for them (a
+    run of one test starts no engine it does not need)."""
+    asked: set[str] = set()
+    for item in request.session.items:
+        if item.path == request.node.path:
+            asked.update(getattr(item, "fixturenames", ()))
+    for scenario in reversed(RUNS_FIRST):
+        if scenario in asked:
+            asked.update(RUNS_FIRST[scenario])
+    return list(dict.fromkeys(e for name, e in SCENARIOS.items() if name in asked))
 
 
 @pytest.fixture(scope="module")
-def shared() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
+    """The Redis every engine here saves to and loads from: the module's own redis-server,
+    because ``redis_down`` stops it (and it comes back empty)."""
+    server = PrivateRedis(tmp_path_factory.mktemp("kv-redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def store_client(store: PrivateRedis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(store.url)
     yield client
     client.close()
 
@@ -249,10 +291,38 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model: Path, logs: Path) -> dict[str, Outcome]:
+def engines(
+    request: pytest.FixtureRequest,
+    tiny_model: Path,
+    smollm2_path: Path,
+    logs: Path,
+    store: PrivateRedis,
+) -> Iterator[Ahead]:
+    """Every engine of the module, each started while the one before it works."""
+    on = connector_on(PREFIX, store.url)
+    server_kv = load_settings(kv={"enabled": True, "redis_url": store.url, "key_prefix": PREFIX})
+    # B runs without prefix caching: each of its prompts is new to it anyway, and then every
+    # cached token of its Redis-down run is one loaded from Redis.
+    evicting = (*kv_eviction.probe_args(), "--no-prefix-caching")
+    starters: dict[str, Callable[[], Any]] = {
+        "A": probe(logs / "A.log", tiny_model, *on),
+        "server": lambda: ApiServer(
+            tiny_model, transfer_config_json(server_kv), logs / "api_server.log"
+        ),
+        "B": probe(logs / "B.log", tiny_model, *on, *evicting, env=kv_eviction.probe_env()),
+        "C": probe(logs / "C.log", tiny_model),
+        "S": probe(logs / "S.log", smollm2_path, *on),
+    }
+    ahead = Ahead(starters, wanted_engines(request))
+    yield ahead
+    ahead.close()
+
+
+@pytest.fixture(scope="module")
+def reference(engines: Ahead) -> dict[str, Outcome]:
     """C: every prompt recomputed with the connector off, and the takeover of its long answer."""
     out: dict[str, Outcome] = {}
-    with engine(logs, "C", tiny_model) as c:
+    with engines.use("C", Probe) as c:
         for name, ids in PROMPTS.items():
             out[name] = c.generate(f"c-{name}", ids, STORY if name == "story" else GEN)
         out["takeover"] = c.generate("c-takeover", takeover_prompt(out["story"]), STORY - CUT)
@@ -260,117 +330,127 @@ def reference(tiny_model: Path, logs: Path) -> dict[str, Outcome]:
 
 
 @pytest.fixture(scope="module")
-def saved(tiny_model: Path, kv_prefix: str, shared: redis.Redis, logs: Path) -> dict[str, Any]:
-    """A: the first engine on a fresh prefix; its answers and the counters once saves landed."""
+def saved(engines: Ahead, store_client: redis.Redis) -> dict[str, Any]:
+    """A: the first engine on a fresh store; its answers and the counters once saves landed."""
     out: dict[str, Any] = {}
-    with engine(logs, "A", tiny_model, *connector_on(kv_prefix)) as a:
+    with engines.use("A", Probe) as a:
         for name, max_tokens in A_ANSWERS.items():
             out[name] = a.generate(f"a-{name}", PROMPTS[name], max_tokens)
-        settle(lambda: stats(shared, kv_prefix).get("blocks_saved", 0) >= A_SAVES)
+        settle(lambda: stats(store_client, PREFIX).get("blocks_saved", 0) >= A_SAVES)
         time.sleep(1)  # let any unexpected extra write land before counting
-        out["stats"] = stats(shared, kv_prefix)
+        out["stats"] = stats(store_client, PREFIX)
     return out
 
 
 @pytest.fixture(scope="module")
 def served(
-    tiny_model: Path,
-    kv_prefix: str,
-    shared: redis.Redis,
-    logs: Path,
-    saved: dict[str, Any],  # A's blocks are in Redis before the server starts
+    engines: Ahead,
+    store_client: redis.Redis,
+    saved: dict[str, Any],  # A's blocks are in Redis before the server is asked
 ) -> dict[str, Any]:
     """The vLLM OpenAI server: a prompt A saved, then a new prompt, and how many blocks it saved."""
-    settings = load_settings(kv={"enabled": True, "redis_url": REDIS_URL, "key_prefix": kv_prefix})
-    server = ApiServer(tiny_model, transfer_config_json(settings), logs / "api_server.log")
     out: dict[str, Any] = {}
-    try:
-        server.wait_ready()
+    with engines.use("server", ApiServer) as server:
         out["len600"] = server.complete(PROMPTS["len600"], GEN)
-        before = stats(shared, kv_prefix).get("blocks_saved", 0)
+        before = stats(store_client, PREFIX).get("blocks_saved", 0)
         out["server"] = server.complete(PROMPTS["server"], GEN)
         expected = before + saved_blocks(len(PROMPTS["server"]), GEN)
-        settle(lambda: stats(shared, kv_prefix).get("blocks_saved", 0) >= expected)
-        out["saved"] = stats(shared, kv_prefix).get("blocks_saved", 0) - before
-    finally:
-        server.stop()
+        settle(lambda: stats(store_client, PREFIX).get("blocks_saved", 0) >= expected)
+        out["saved"] = stats(store_client, PREFIX).get("blocks_saved", 0) - before
     return out
+
+
+def run_first(request: pytest.FixtureRequest, scenario: str) -> None:
+    """Run the scenarios ``scenario`` comes after; if one fails, its own tests report it and
+    everything else is still checked."""
+    for name in RUNS_FIRST[scenario]:
+        with contextlib.suppress(Exception):
+            request.getfixturevalue(name)
 
 
 @pytest.fixture(scope="module")
 def restored(
     request: pytest.FixtureRequest,
-    tiny_model: Path,
-    kv_prefix: str,
-    shared: redis.Redis,
-    logs: Path,
+    engines: Ahead,
+    store_client: redis.Redis,
     saved: dict[str, Any],
 ) -> dict[str, Any]:
-    """B: a fresh engine on A's prefix, with a connector that evicts one block mid-load."""
-    # The server runs first, so that this engine also reads the blocks the server saved. If it
-    # fails, its own test reports it and everything else here is still checked.
-    with contextlib.suppress(Exception):
-        request.getfixturevalue("served")
+    """B: a fresh engine on A's blocks, with a connector that evicts one block mid-load. It
+    stays alive for ``redis_down``."""
+    run_first(request, "restored")
     out: dict[str, Any] = {}
-    args = (*connector_on(kv_prefix), *kv_eviction.probe_args())
-    with engine(logs, "B", tiny_model, *args, env=kv_eviction.probe_env()) as b:
-        for name in (*LONG, "server"):
-            out[name] = b.generate(f"b-{name}", PROMPTS[name], GEN)
-        out["takeover"] = b.generate("b-takeover", takeover_prompt(saved["story"]), STORY - CUT)
-        failures = stats(shared, kv_prefix).get("load_failures", 0)
-        out["evict"] = b.generate(f"{kv_eviction.EVICT_PREFIX}1", PROMPTS["evict"], GEN)
-        settle(lambda: stats(shared, kv_prefix).get("load_failures", 0) > failures)
-        out["evict_load_failures"] = stats(shared, kv_prefix).get("load_failures", 0) - failures
+    b = engines.get("B", Probe)
+    for name in (*LONG, "server"):
+        out[name] = b.generate(f"b-{name}", PROMPTS[name], GEN)
+    out["takeover"] = b.generate("b-takeover", takeover_prompt(saved["story"]), STORY - CUT)
+    failures = stats(store_client, PREFIX).get("load_failures", 0)
+    out["evict"] = b.generate(f"{kv_eviction.EVICT_PREFIX}1", PROMPTS["evict"], GEN)
+    settle(lambda: stats(store_client, PREFIX).get("load_failures", 0) > failures)
+    out["evict_load_failures"] = stats(store_client, PREFIX).get("load_failures", 0) - failures
     return out
+
+
+@pytest.fixture(scope="module")
+def store_stats(
+    saved: dict[str, Any], restored: dict[str, Any], store: PrivateRedis
+) -> dict[str, float]:
+    """``kv_stats`` of the store once A, the server and B used it (``redis_down`` empties it)."""
+
+    async def read() -> dict[str, float]:
+        client = AsyncRedis.from_url(store.url)
+        try:
+            return dict(await kv_stats(client, PREFIX))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(read())
 
 
 @pytest.fixture(scope="module")
 def other_model(
-    smollm2_path: Path,
-    kv_prefix: str,
-    shared: redis.Redis,
-    logs: Path,
+    engines: Ahead,
+    store_client: redis.Redis,
     saved: dict[str, Any],  # the tiny model's blocks are there to be found
 ) -> dict[str, Any]:
     """S: SmolLM2 on the tiny model's prefix, asked a prompt whose blocks are stored."""
-    bookkeeping = {f(kv_prefix).encode() for f in (stats_key, index_key, total_key)}
-    keys = shared.scan_iter(f"{kv_prefix}:*", count=1000)
+    bookkeeping = {f(PREFIX).encode() for f in (stats_key, index_key, total_key)}
+    keys = store_client.scan_iter(f"{PREFIX}:*", count=1000)
     out: dict[str, Any] = {"blocks_stored": sum(1 for key in keys if key not in bookkeeping)}
-    with engine(logs, "S", smollm2_path, *connector_on(kv_prefix)) as s:
-        hits = stats(shared, kv_prefix).get("hit_blocks", 0)
+    with engines.use("S", Probe) as s:
+        hits = stats(store_client, PREFIX).get("hit_blocks", 0)
         out["len600"] = s.generate("s-len600", PROMPTS["len600"], GEN)
-        out["new_hits"] = stats(shared, kv_prefix).get("hit_blocks", 0) - hits
+        out["new_hits"] = stats(store_client, PREFIX).get("hit_blocks", 0) - hits
     return out
 
 
 @pytest.fixture(scope="module")
-def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path_factory.mktemp("private-redis"))
-    server.start()
-    yield server
-    server.stop()
+def redis_down(
+    request: pytest.FixtureRequest,
+    engines: Ahead,
+    store: PrivateRedis,
+    store_client: redis.Redis,
+) -> dict[str, Any]:
+    """B again: the same prompt while Redis is up, down, back (empty), and once it saved again."""
+    run_first(request, "redis_down")
 
-
-@pytest.fixture(scope="module")
-def redis_down(tiny_model: Path, logs: Path, private_redis: PrivateRedis) -> dict[str, Any]:
-    """D: the same prompt while Redis is up, down, back (empty), and once it saved again."""
-    client = redis.Redis.from_url(private_redis.url)
-
-    def has_saved() -> bool:
-        return stats(client, "d").get("blocks_saved", 0) > 0
+    def blocks_saved() -> int:
+        return stats(store_client, PREFIX).get("blocks_saved", 0)
 
     out: dict[str, Any] = {}
-    args = (*connector_on("d", private_redis.url), "--no-prefix-caching")
-    with engine(logs, "D", tiny_model, *args) as d:
-        out["up"] = d.generate("d-1", PROMPTS["down"], GEN)
-        wait_for(has_saved)
-        private_redis.stop()
-        out["down"] = d.generate("d-2", PROMPTS["down"], GEN)
-        private_redis.start()
+    try:
+        b = engines.get("B", Probe)
+        before = blocks_saved()
+        out["up"] = b.generate("d-1", PROMPTS["down"], GEN)
+        wait_for(lambda: blocks_saved() > before)
+        store.stop()
+        out["down"] = b.generate("d-2", PROMPTS["down"], GEN)
+        store.start()  # without persistence: empty, its counters from 0
         time.sleep(6)  # the store waits 5 s before trying a Redis that failed
-        out["recovered"] = d.generate("d-3", PROMPTS["down"], GEN)
-        settle(has_saved)
-        out["restored"] = d.generate("d-4", PROMPTS["down"], GEN)
+        out["recovered"] = b.generate("d-3", PROMPTS["down"], GEN)
+        settle(lambda: blocks_saved() > 0)
+        out["restored"] = b.generate("d-4", PROMPTS["down"], GEN)
+    finally:
+        engines.stop("B")
     return out
 
 
@@ -439,24 +519,8 @@ def test_engine_survives_redis_down_and_recovers(
     assert redis_down["restored"]["token_ids"] == expected
 
 
-def test_kv_stats_reports_saved_loaded_and_hit_rate(
-    saved: dict[str, Any], restored: dict[str, Any], kv_prefix: str
-) -> None:
-    import asyncio
-
-    from redis.asyncio import Redis
-
-    from rag_stream.kv.metrics import kv_stats
-
-    async def read() -> dict[str, int | float]:
-        client = Redis.from_url(REDIS_URL)
-        try:
-            return await kv_stats(client, kv_prefix)
-        finally:
-            await client.aclose()
-
-    result = asyncio.run(read())
-    assert result["blocks_saved"] >= A_SAVES
-    assert result["blocks_loaded"] > 0 and result["bytes_loaded"] > 0
-    assert 0 < result["hit_rate"] < 1
-    assert result["stored_blocks"] > 0 and result["stored_bytes"] > 0
+def test_kv_stats_reports_saved_loaded_and_hit_rate(store_stats: dict[str, float]) -> None:
+    assert store_stats["blocks_saved"] >= A_SAVES
+    assert store_stats["blocks_loaded"] > 0 and store_stats["bytes_loaded"] > 0
+    assert 0 < store_stats["hit_rate"] < 1
+    assert store_stats["stored_blocks"] > 0 and store_stats["stored_bytes"] > 0

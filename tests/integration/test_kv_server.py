@@ -1,32 +1,20 @@
-"""`serve` with KV snapshots on: the app wires the connector into its engine, /metrics reads it."""
+"""`serve` with KV snapshots on: the app wires the connector into its engine, /metrics reads it.
+
+The server is the session's ``tiny_server``, which runs with KV snapshots on for this module.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REDIS_URL, ServerFactory
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture(scope="module")
-def kv_server(server_factory: ServerFactory, tiny_model: Path) -> Iterator[ServerProcess]:
-    server = server_factory(
-        RAG_STREAM_MODEL=str(tiny_model),
-        RAG_STREAM_REDIS_URL=REDIS_URL,
-        RAG_STREAM_KV__ENABLED="true",
-        RAG_STREAM_KV__KEY_PREFIX=f"rs-test-kv-{uuid.uuid4().hex[:8]}",
-    )
-    yield server
-    server.stop()
 
 
 def _kv(server: ServerProcess) -> dict[str, float]:
@@ -39,11 +27,28 @@ def _kv(server: ServerProcess) -> dict[str, float]:
     }
 
 
-def test_blocks_are_saved_to_redis_and_counted_on_metrics(kv_server: ServerProcess) -> None:
-    before = _kv(kv_server)
-    prompt = "The lighthouse keeper wrote in the log every night. " * 40  # > 2 KV blocks
+def _settled_kv(server: ServerProcess, timeout_s: float = 30) -> dict[str, float]:
+    """The counters once the saves of earlier requests (other tests share the server) stopped
+    landing: the connector saves in the background."""
+    deadline = time.monotonic() + timeout_s
+    last = _kv(server)
+    while True:
+        time.sleep(0.5)
+        now = _kv(server)
+        if now.get("blocks_saved", 0) == last.get("blocks_saved", 0):
+            return now
+        assert time.monotonic() < deadline, now
+        last = now
+
+
+def test_blocks_are_saved_to_redis_and_counted_on_metrics(tiny_server: ServerProcess) -> None:
+    before = _settled_kv(tiny_server)
+    # > 2 KV blocks, new to this server and its Redis prefix (nothing of it is stored yet)
+    prompt = (
+        f"Log {uuid.uuid4().hex}. " + "The lighthouse keeper wrote in the log every night. " * 40
+    )
     r = httpx.post(
-        f"{kv_server.url}/v1/generate",
+        f"{tiny_server.url}/v1/generate",
         json={"prompt": prompt, "max_tokens": 8, "stream": False},
         timeout=300,
     )
@@ -51,7 +56,7 @@ def test_blocks_are_saved_to_redis_and_counted_on_metrics(kv_server: ServerProce
     assert r.json()["usage"]["prompt_tokens"] > 256
     deadline = time.monotonic() + 30  # the connector's writer thread saves in the background
     while True:
-        after = _kv(kv_server)
+        after = _kv(tiny_server)
         if after.get("blocks_saved", 0) - before.get("blocks_saved", 0) >= 2:
             break
         assert time.monotonic() < deadline, after

@@ -30,9 +30,11 @@ POOL = 8  # Redis connections each process may open: far fewer than its readers
 def servers(server_factory: ServerFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     env = {"RAG_STREAM_REDIS_URL": REDIS_URL, "RAG_STREAM_STREAMING__REDIS_POOL_SIZE": str(POOL)}
     pair = (
-        server_factory(stub_delay_s=STUB_DELAY_S, **env),
-        server_factory(stub_delay_s=STUB_DELAY_S, **env),
+        server_factory(wait=False, stub_delay_s=STUB_DELAY_S, **env),
+        server_factory(wait=False, stub_delay_s=STUB_DELAY_S, **env),
     )
+    for server in pair:  # started together: each start is mostly one busy core
+        server.wait_ready()
     yield pair
     for server in pair:
         server.stop()

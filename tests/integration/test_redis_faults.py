@@ -110,15 +110,18 @@ def test_a_log_lost_by_a_redis_restart_is_never_extended(
 
 
 def test_a_killed_producer_is_taken_over_long_before_its_lease_expires(
-    server_factory: ServerFactory,
+    server_factory: ServerFactory, stub_server: ServerProcess
 ) -> None:
-    env = {
-        "RAG_STREAM_REDIS_URL": REDIS_URL,
-        "RAG_STREAM_LIMITS__MAX_TOKENS": "4000",
-        "RAG_STREAM_STREAMING__LEASE_MS": "60000",  # only presence can explain a fast takeover
-    }
-    survivor = server_factory(stub_delay_s=STUB_DELAY_S, **env)
-    victim = server_factory(stub_delay_s=STUB_DELAY_S, **env)
+    # The session's stub server (same engine, Redis and limits) takes over. A lease lives in
+    # Redis with the length its holder gave it: the victim's 60 s is what the takeover must
+    # not wait for, whatever the survivor's own setting.
+    survivor = stub_server
+    victim = server_factory(
+        stub_delay_s=STUB_DELAY_S,
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        RAG_STREAM_LIMITS__MAX_TOKENS="4000",
+        RAG_STREAM_STREAMING__LEASE_MS="60000",  # only presence can explain a fast takeover
+    )
     try:
         with httpx.Client(base_url=victim.url, timeout=60) as client:
             first = read_stream(
@@ -150,7 +153,7 @@ def test_a_killed_producer_is_taken_over_long_before_its_lease_expires(
         assert new_events and new_events[0] - killed_at < 20, new_events[0] - killed_at
         assert _status(survivor, sid)["status"] == "done"
     finally:
-        survivor.stop()
+        victim.stop()
 
 
 async def test_a_producer_replaced_while_alive_never_writes_again() -> None:
