@@ -89,7 +89,13 @@ class Flusher:
             await self._flush(due)
 
     async def _flush(self, writers: list[Flushable]) -> None:
-        pairs = [(w, b) for w in writers if (b := w.begin_flush()) is not None]
+        pairs: list[tuple[Flushable, Append]] = []
+        for writer in writers:
+            batch = writer.begin_flush()
+            if batch is None:  # gone (lease or log lost): nothing to write or renew any more
+                self.remove(writer)
+            else:
+                pairs.append((writer, batch))
         if not pairs:
             return
         results: list[AppendResult | None] = [None] * len(pairs)
