@@ -13,6 +13,7 @@ import redis
 
 from rag_stream.prepare import make_tiny_model
 from rag_stream.settings import DEFAULT_EMBEDDER_DIRNAME, DEFAULT_LLM_DIRNAME
+from tests.support.kv_engines import KvEngines, start_kv_engines, wanted_engines
 from tests.support.server import ROOT, ServerProcess
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -42,6 +43,14 @@ def embedder_path(models_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(models_dir: Path) -> Path:
     return make_tiny_model(models_dir / "tiny-llama-test", models_dir / DEFAULT_LLM_DIRNAME)
+
+
+@pytest.fixture(scope="session")
+def other_tiny_model(models_dir: Path) -> Path:
+    """Another random-weight model with the tiny model's very layout (other weights)."""
+    return make_tiny_model(
+        models_dir / "tiny-llama-test-other", models_dir / DEFAULT_LLM_DIRNAME, seed=4321
+    )
 
 
 @pytest.fixture(scope="session")
@@ -168,3 +177,49 @@ def default_server(default_server_start: ServerProcess) -> Iterator[ServerProces
     default_server_start.wait_ready()
     yield default_server_start
     default_server_start.stop()  # engines hold ~3 GB each: free it for the next module
+
+
+@pytest.fixture(scope="session")
+def takeover_servers_start(
+    server_factory: ServerFactory, smollm2_path: Path
+) -> tuple[ServerProcess, ServerProcess]:
+    """test_takeover.py's survivor and victim (SmolLM2, the real Redis), started, not waited for.
+
+    Neither takes over another test's stream meanwhile: a process continues only streams of
+    its own model."""
+    env = {"RAG_STREAM_MODEL": str(smollm2_path), "RAG_STREAM_REDIS_URL": REDIS_URL}
+    return server_factory(wait=False, **env), server_factory(wait=False, **env)
+
+
+@pytest.fixture(scope="session")
+def kv_engines_start(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_model: Path,
+    other_tiny_model: Path,
+) -> Iterator[KvEngines]:
+    """test_kv_restore.py's redis-server and its first engines, started, not waited for."""
+    order = wanted_engines(
+        item.fixturenames
+        for item in request.session.items
+        if "kv_engines_start" in getattr(item, "fixturenames", ())
+    )
+    engines = start_kv_engines(tmp_path_factory.mktemp("kv"), tiny_model, other_tiny_model, order)
+    yield engines
+    engines.close()
+
+
+# The first test of the module on the left starts a later module's processes (a minute or
+# two ahead): an engine start is mostly one busy core while those tests mostly wait on servers,
+# subprocesses and timers, and an idle engine costs only memory until its module comes.
+START_AHEAD = {
+    "test_ingest_service.py": "kv_engines_start",
+    "test_resume.py": "takeover_servers_start",
+}
+
+
+@pytest.fixture(autouse=True)
+def start_ahead(request: pytest.FixtureRequest) -> None:
+    fixture = START_AHEAD.get(request.node.path.name)
+    if fixture is not None and used_by_this_run(request, fixture):
+        request.getfixturevalue(fixture)

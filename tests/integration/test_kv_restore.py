@@ -3,7 +3,8 @@
 Engines are expensive to start, so each scenario is one module fixture that runs one engine
 (or server) to the end and returns what it saw, and the tests check those outcomes. A scenario
 that fails errors only the tests that use it. Start-up is most of an engine's cost: ``engines``
-starts each one while the one before works, two alive at most (``tests.support.ahead``).
+starts each one while the ones before it work, three alive at most, the first ones while an
+earlier module's tests run (``tests.support.kv_engines``, ``kv_engines_start`` in conftest).
 
 All of them use one redis-server of the module's own, which the last scenario stops:
 
@@ -13,7 +14,8 @@ All of them use one redis-server of the module's own, which the last scenario st
 - ``restored`` (B: fresh, connector on, no prefix caching) restores A's blocks, including the
   generated blocks of A's long answer (a crash takeover), and the server's prompt; one block
   is evicted mid-load;
-- ``other_model`` (S: SmolLM2, connector on, same prefix) must not load the tiny model's blocks;
+- ``other_model`` (S: a second random-weight tiny model of the very same layout, connector on,
+  same prefix) must not load the tiny model's blocks;
 - ``redis_down`` (B again, once everything else has read the store) keeps working while Redis
   is down, and saves and restores again once it is back.
 """
@@ -23,27 +25,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import shutil
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from rag_stream.kv.config import transfer_config_json
 from rag_stream.kv.metrics import kv_stats
-from rag_stream.kv.probe import ProbeProcess
 from rag_stream.kv.store import index_key, stats_key, total_key
-from rag_stream.settings import load_settings
 from tests.support import kv_eviction
 from tests.support.ahead import Ahead
-from tests.support.server import ROOT, free_port
+from tests.support.kv_engines import (
+    PREFIX,
+    RUNS_FIRST,
+    ApiServer,
+    KvEngines,
+    Outcome,
+    PrivateRedis,
+    Probe,
+    settle,
+    wait_for,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -53,8 +57,6 @@ LENGTHS = (300, 600, 1100)
 LONG = ("len300", "len600", "len1100")
 STORY = 200  # tokens of the long answer
 CUT = 190  # the stream "crashed" after this many; the takeover prompt is everything so far
-
-Outcome = dict[str, Any]
 
 
 def make_prompt(seed: int, n: int) -> list[int]:
@@ -95,187 +97,19 @@ def stats(client: redis.Redis, prefix: str) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
-def settle(predicate: Callable[[], bool], timeout_s: float = 30) -> bool:
-    """Wait for asynchronous saves or counters; the tests assert on what was reached."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 30) -> None:
-    if not settle(predicate, timeout_s):
-        raise TimeoutError("condition not reached")
-
-
-def connector_on(prefix: str, url: str) -> tuple[str, ...]:
-    return ("--kv-url", url, "--kv-prefix", prefix)
-
-
-class Probe(ProbeProcess):
-    """A probe engine (``rag_stream.kv.probe``) that stops like the other processes here."""
-
-    def stop(self) -> None:
-        self.close()
-
-
-def probe(
-    log: Path, model: Path, *args: str, env: dict[str, str] | None = None
-) -> Callable[[], Probe]:
-    """What starts a probe engine on ``model``."""
-    return lambda: Probe(["--model", str(model), *args], str(log), env)
-
-
-class PrivateRedis:
-    """A redis-server of our own on a free port, so the test can stop it."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                shutil.which("redis-server") or "redis-server",
-                "--port",
-                str(self.port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-        wait_for(lambda: _pings(client), 10)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
-class ApiServer:
-    """``python -m vllm.entrypoints.openai.api_server`` with the connector."""
-
-    def __init__(self, model: Path, kv_config: str, log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.model = str(model)
-        self._log = open(log_path, "ab")  # noqa: SIM115
-        self.log_path = log_path
-        self.proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "vllm.entrypoints.openai.api_server"),
-                *("--model", self.model, "--dtype", "float32", "--enforce-eager"),
-                *("--max-model-len", "4608", "--kv-cache-memory-bytes", str(512 << 20)),
-                *("--gpu-memory-utilization", "0.3", "--seed", "0"),
-                *("--port", str(self.port), "--kv-transfer-config", kv_config),
-                "--enable-prompt-tokens-details",
-            ],
-            cwd=ROOT,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def wait_ready(self, timeout_s: float = 600) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"api_server exited; see {self.log_path}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"api_server not ready; see {self.log_path}")
-
-    def complete(self, prompt_ids: list[int], max_tokens: int) -> Outcome:
-        body = {
-            "model": self.model,
-            "prompt": prompt_ids,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "return_token_ids": True,
-        }
-        response = httpx.post(self.url + "/v1/completions", json=body, timeout=300)
-        response.raise_for_status()
-        data = response.json()
-        details = data["usage"].get("prompt_tokens_details") or {}
-        return {
-            "token_ids": data["choices"][0]["token_ids"],
-            "cached_tokens": details.get("cached_tokens") or 0,
-        }
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-
-PREFIX = "test-kv"  # the store is the module's own: no other user to keep apart from
-
-# The engine of each scenario fixture, in the order the tests below first ask for them.
-# ``restored`` runs ``served`` first; ``redis_down`` runs on B once the others read the store.
-SCENARIOS = {
-    "saved": "A",
-    "served": "server",
-    "restored": "B",
-    "reference": "C",
-    "other_model": "S",
-    "redis_down": "B",
-}
-# What must run before: B also reads the blocks the server saved; stopping Redis loses every
-# block the others read, and the counters ``store_stats`` reads.
-RUNS_FIRST = {
-    "restored": ("served",),
-    "redis_down": ("restored", "other_model", "store_stats"),
-}
-
-
-def wanted_engines(request: pytest.FixtureRequest) -> list[str]:
-    """The engines the selected tests of this module need, in the order they ask for them (a
-    run of one test starts no engine it does not need)."""
-    asked: set[str] = set()
-    for item in request.session.items:
-        if item.path == request.node.path:
-            asked.update(getattr(item, "fixturenames", ()))
-    for scenario in reversed(RUNS_FIRST):
-        if scenario in asked:
-            asked.update(RUNS_FIRST[scenario])
-    return list(dict.fromkeys(e for name, e in SCENARIOS.items() if name in asked))
+@pytest.fixture(scope="module")
+def kv_engines(kv_engines_start: KvEngines) -> Iterator[KvEngines]:
+    """The module's redis-server and engines (tests/support/kv_engines.py), started ahead by
+    the session (tests/conftest.py) while an earlier module ran, or here; all gone at the end."""
+    yield kv_engines_start
+    kv_engines_start.close()
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
+def store(kv_engines: KvEngines) -> PrivateRedis:
     """The Redis every engine here saves to and loads from: the module's own redis-server,
     because ``redis_down`` stops it (and it comes back empty)."""
-    server = PrivateRedis(tmp_path_factory.mktemp("kv-redis"))
-    server.start()
-    yield server
-    server.stop()
+    return kv_engines.store
 
 
 @pytest.fixture(scope="module")
@@ -286,36 +120,9 @@ def store_client(store: PrivateRedis) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture(scope="module")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("kv-logs")
-
-
-@pytest.fixture(scope="module")
-def engines(
-    request: pytest.FixtureRequest,
-    tiny_model: Path,
-    smollm2_path: Path,
-    logs: Path,
-    store: PrivateRedis,
-) -> Iterator[Ahead]:
-    """Every engine of the module, each started while the one before it works."""
-    on = connector_on(PREFIX, store.url)
-    server_kv = load_settings(kv={"enabled": True, "redis_url": store.url, "key_prefix": PREFIX})
-    # B runs without prefix caching: each of its prompts is new to it anyway, and then every
-    # cached token of its Redis-down run is one loaded from Redis.
-    evicting = (*kv_eviction.probe_args(), "--no-prefix-caching")
-    starters: dict[str, Callable[[], Any]] = {
-        "A": probe(logs / "A.log", tiny_model, *on),
-        "server": lambda: ApiServer(
-            tiny_model, transfer_config_json(server_kv), logs / "api_server.log"
-        ),
-        "B": probe(logs / "B.log", tiny_model, *on, *evicting, env=kv_eviction.probe_env()),
-        "C": probe(logs / "C.log", tiny_model),
-        "S": probe(logs / "S.log", smollm2_path, *on),
-    }
-    ahead = Ahead(starters, wanted_engines(request))
-    yield ahead
-    ahead.close()
+def engines(kv_engines: KvEngines) -> Ahead:
+    """Every engine of the module, each started while the ones before it work."""
+    return kv_engines.ahead
 
 
 @pytest.fixture(scope="module")

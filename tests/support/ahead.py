@@ -61,6 +61,10 @@ class Ahead:
         assert isinstance(process, kind), (name, process)
         return process
 
+    def start_ahead(self) -> None:
+        """Start the first processes of the order now, waiting for none of them."""
+        self._fill()
+
     @contextlib.contextmanager
     def use(self, name: str, kind: type[P]) -> Iterator[P]:
         """``name``'s process for one job: stopped on the way out, which starts the next."""
