@@ -15,6 +15,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from rag_stream.api import (
     answers,
+    chat,
     conversations,
     documents,
     generate,
@@ -48,6 +50,7 @@ from rag_stream.resources import Resources
 from rag_stream.retrieval.embedder import Embedder, SentenceTransformerEmbedder
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import QdrantVectorStore
+from rag_stream.schemas.openai import OPENAI_PATHS, UnsupportedParameter, error_type
 from rag_stream.settings import Settings
 from rag_stream.store.db import create_db
 from rag_stream.streaming.coalesce import (
@@ -200,6 +203,7 @@ def create_app(
     app.add_middleware(BodyReadTimeout, timeout_s=settings.limits.body_read_timeout_s)
     for module in (
         health,
+        chat,
         generate,
         streams,
         answers,
@@ -225,8 +229,13 @@ def _kv_stats_client(settings: Settings, service_redis: Redis) -> Redis | None:
     return Redis.from_url(kv.redis_url, socket_connect_timeout=3)
 
 
-def _error(status: int, code: str, message: str, **extra: object) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message, **extra}}, status_code=status)
+def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
+    body = {"code": code, "message": message, "type": error_type(status), "param": param}
+    return JSONResponse({"error": body}, status_code=status)
+
+
+def _refusal(err: Any) -> bool:
+    return isinstance((err.get("ctx") or {}).get("error"), UnsupportedParameter)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -234,15 +243,28 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _domain(_: Request, exc: RagStreamError) -> JSONResponse:
         if exc.status_code >= 500 and exc.status_code != 503:
             logger.error("request failed: %s", exc.message)
-        return _error(exc.status_code, exc.code, exc.message)
+        return _error(exc.status_code, exc.code, exc.message, exc.param)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for err in exc.errors():
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems: list[str] = []
+        params: list[str | None] = []
+        errors = exc.errors()
+        refused = [e["ctx"]["error"] for e in errors if _refusal(e)]
+        if refused:  # a field refused by name says more than a union's other branches
+            problems = [r.message for r in refused]
+            params = [r.param for r in refused]
+        for err in [] if refused else errors:
+            if err.get("type") == "json_invalid":
+                problems.append(f"the body is not valid JSON ({err.get('ctx', {}).get('error')})")
+                params.append(None)
+                continue
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             problems.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
-        return _error(422, "invalid_request", "; ".join(problems))
+            params.append(where or None)
+        # OpenAI's API answers a bad request with 400; rag-stream's own routes with 422
+        status = 400 if request.url.path.startswith(OPENAI_PATHS) else 422
+        return _error(status, "invalid_request", "; ".join(problems), params[0] if params else None)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

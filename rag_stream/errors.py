@@ -5,6 +5,7 @@ RagStreamError                      500 internal_error
 ├── IncompatiblePlan                500 incompatible_plan (a stream saved by another version)
 ├── InvalidRequest                  422 invalid_request
 ├── NotFound                        404 not_found
+│   └── ModelNotFound               404 model_not_found
 ├── Conflict                        409 conflict
 ├── PayloadTooLarge                 413 payload_too_large
 ├── UnsupportedMediaType            415 unsupported_media_type
@@ -13,7 +14,8 @@ RagStreamError                      500 internal_error
     ├── EventLogUnavailable         503 event_log_unavailable
     └── VectorStoreUnavailable      503 vector_store_unavailable
 
-Every error renders as ``{"error": {"code": ..., "message": ...}}`` with its status code, and
+Every error renders as ``{"error": {"code", "message", "type", "param"}}`` with its status code
+(``type`` and ``param`` as in OpenAI's error object, so OpenAI clients read every error too), and
 inside an SSE stream as an ``error`` event with the same code and message.
 """
 
@@ -24,9 +26,10 @@ class RagStreamError(Exception):
     status_code = 500
     code = "internal_error"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param  # the request field at fault, if one is (OpenAI's ``param``)
 
 
 class ConfigError(RagStreamError):
@@ -45,6 +48,10 @@ class InvalidRequest(RagStreamError):
 class NotFound(RagStreamError):
     status_code = 404
     code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
 
 
 class Conflict(RagStreamError):

@@ -19,6 +19,7 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     Field,
+    HttpUrl,
     ValidationError,
     field_validator,
     model_validator,
@@ -174,11 +175,17 @@ class Settings(BaseSettings):
     redis_url: RedisUrl | None = None
     qdrant_url: str | None = None
     model: str | None = None
+    # The model's name in responses and in /v1/models; unset: the model folder's name (never
+    # the server's filesystem path), or the id as given for a hub id.
+    served_model_name: str | None = Field(None, min_length=1, max_length=256)
     embedder: str | None = None
     dtype: Dtype = "float32"
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # The service's address as clients see it (behind a proxy), for the URLs it hands out
+    # (citation links); unset: taken from each request.
+    public_url: HttpUrl | None = None
     # False in production: every embedded default must then be replaced by a URL.
     allow_embedded: bool = True
 
@@ -237,6 +244,13 @@ class Settings(BaseSettings):
     @property
     def resolved_model(self) -> str:
         return self.model or str(self.resolved_models_dir / DEFAULT_LLM_DIRNAME)
+
+    @property
+    def resolved_served_model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        model = self.resolved_model
+        return Path(model).name if Path(model).is_dir() else model
 
     @property
     def resolved_embedder(self) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from rag_stream.api.deps import IngestorDep, SessionDep
-from rag_stream.schemas.kbs import KbCreate, KbList, KbOut
+from rag_stream.api.documents import document_out
+from rag_stream.schemas.kbs import ChunkDetail, DocumentOut, KbCreate, KbList, KbOut
 from rag_stream.store import repositories as repo
 from rag_stream.store.repositories import KbStats
 
@@ -40,6 +41,24 @@ async def get_kb(kb: str, session: SessionDep) -> KbOut:
     found = await repo.resolve_kb(session, kb)
     (stats,) = await repo.kb_stats(session, [found])
     return kb_out(stats)
+
+
+@router.get("/{kb}/chunks/{chunk_id}")
+async def get_chunk(kb: str, chunk_id: str, session: SessionDep) -> ChunkDetail:
+    """One chunk and its document: where a chat completion's citation URLs point."""
+    found = await repo.resolve_kb(session, kb)
+    chunk, doc = await repo.get_chunk(session, found.id, chunk_id)
+    return ChunkDetail(
+        id=chunk.id,
+        kb_id=found.id,
+        ordinal=chunk.ordinal,
+        start=chunk.start,
+        end=chunk.end,
+        heading=chunk.heading,
+        token_count=chunk.token_count,
+        text=chunk.text,
+        document=DocumentOut(**document_out(doc)),
+    )
 
 
 @router.delete("/{kb}", status_code=204)

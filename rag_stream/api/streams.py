@@ -9,6 +9,7 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 
+from rag_stream.api.chat import chat_frames, chat_wire
 from rag_stream.api.deps import SettingsDep, StreamsDep
 from rag_stream.errors import InvalidRequest
 from rag_stream.schemas.streams import (
@@ -18,7 +19,7 @@ from rag_stream.schemas.streams import (
     StreamStatus,
 )
 from rag_stream.streaming.event_log import StreamMeta
-from rag_stream.streaming.sse import event_stream_response
+from rag_stream.streaming.sse import event_stream_response, sse_response
 
 router = APIRouter(tags=["streams"])
 
@@ -85,8 +86,15 @@ async def stream_events(
         ),
     ] = None,
 ) -> Response:
-    events = await streams.resume(stream_id, _cursor(last_event_id_header, last_event_id))
-    return event_stream_response(events, settings.streaming.keepalive_s)
+    cursor = _cursor(last_event_id_header, last_event_id)
+    meta = await streams.check_cursor(stream_id, cursor)
+    if meta.wire is None:
+        events = streams.follow_batches(stream_id, cursor)
+        return event_stream_response(events, settings.streaming.keepalive_s)
+    # a chat-completions stream: the same chunks again, from its first event (see chat_format)
+    wire = chat_wire(meta.wire)
+    frames = chat_frames(wire, streams.follow_batches(stream_id), after=cursor)
+    return sse_response(frames, settings.streaming.keepalive_s, {"X-Stream-Id": stream_id})
 
 
 @router.get("/v1/streams/{stream_id}")

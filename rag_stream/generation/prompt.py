@@ -61,8 +61,11 @@ def format_sources(sources: Sequence[Source]) -> str:
     return "".join(format_source(s) for s in sources)
 
 
-def _render(engine: Engine, history: Sequence[Turn], question: str) -> tuple[str, str]:
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+def _render(
+    engine: Engine, history: Sequence[Turn], question: str, instructions: str | None
+) -> tuple[str, str]:
+    system = SYSTEM_PROMPT if not instructions else f"{SYSTEM_PROMPT}\n\n{instructions}"
+    messages = [{"role": "system", "content": system}]
     messages += [{"role": t.role, "content": t.content} for t in history]
     messages.append(
         {"role": "user", "content": f"Question: {question}\n\nSources:\n{_PLACEHOLDER}"}
@@ -73,15 +76,20 @@ def _render(engine: Engine, history: Sequence[Turn], question: str) -> tuple[str
 
 
 def layout(
-    engine: Engine, history: Sequence[Turn], question: str, history_budget: int
+    engine: Engine,
+    history: Sequence[Turn],
+    question: str,
+    history_budget: int,
+    instructions: str | None = None,
 ) -> PromptLayout:
     """Lay out the prompt, keeping the newest history turns that fit in history_budget tokens
-    (oldest dropped first, whole user/assistant pairs at a time)."""
-    bare_head, tail = _render(engine, [], question)
+    (oldest dropped first, whole user/assistant pairs at a time). ``instructions`` (a client's
+    own system prompt) follow the built-in one."""
+    bare_head, tail = _render(engine, [], question, instructions)
     bare = len(engine.tokenizer.encode(bare_head, add_special_tokens=False))
     kept = list(history)
     while kept:
-        head, tail = _render(engine, kept, question)
+        head, tail = _render(engine, kept, question, instructions)
         ids = engine.tokenizer.encode(head, add_special_tokens=False)
         if len(ids) - bare <= history_budget:
             return PromptLayout(ids, tail)

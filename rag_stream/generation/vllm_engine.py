@@ -73,7 +73,11 @@ class VLLMEngine:
         except Exception as exc:
             raise EngineUnavailable(f"vLLM failed to start with model {model}: {exc}") from exc
         try:
-            engine = cls(llm, model_name=model, max_model_len=settings.engine.max_model_len)
+            engine = cls(
+                llm,
+                model_name=settings.resolved_served_model_name,
+                max_model_len=settings.engine.max_model_len,
+            )
         except TypeError as exc:
             await anyio.to_thread.run_sync(llm.shutdown)
             raise EngineUnavailable(f"model {model} cannot be served: {exc}") from exc

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.errors import InvalidRequest, PayloadTooLarge
+from rag_stream.generation.engine import Sampling
 from rag_stream.generation.prompt import PromptLayout, Turn, layout
 from rag_stream.generation.sampling import fit_to_window, sampling_for
 from rag_stream.generation.slot import EngineSlot
@@ -55,6 +56,23 @@ class AnswerPlan(TokenPlan):
 
 
 @dataclass(frozen=True)
+class Question:
+    """A question on a KB, however the request spelled it (``/v1/answers`` or chat
+    completions): the history comes from a stored conversation or from the request's messages."""
+
+    kb: str  # name or id
+    text: str
+    history: Sequence[Turn]
+    sampling: Sampling
+    coalesce: Coalesce
+    top_k: int | None = None  # None: answers.default_top_k
+    mmr: bool = False
+    conversation_id: str | None = None  # continue this stored conversation
+    instructions: str | None = None  # the client's system messages, after ours
+    stop: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
 class AnswerJob:
     """An accepted question, before retrieval."""
 
@@ -68,6 +86,7 @@ class AnswerJob:
     seed: int | None
     mmr: bool
     coalesce: Coalesce
+    stop: list[str]
 
 
 def cited_markers(text: str, sources: int) -> list[int]:
@@ -139,6 +158,7 @@ class AnswerRun:
             top_p=job.top_p,
             seed=job.seed,
             coalesce=job.coalesce,
+            stop=job.stop,
             queue_ms=ctx.queue_ms,
             kb_id=job.kb_id,
             question=job.question,
@@ -201,30 +221,46 @@ class AnswerKind:
         self.limits = limits
 
     async def accept(self, body: AnswerRequest, coalesce: Coalesce) -> AnswerRun:
-        """Check the request against the limits, find the KB and the conversation's history,
-        and lay out the prompt so the answer always has room (sources are dropped first)."""
+        """Check the request, find the conversation's history, and accept the question."""
         accepted_at = time.monotonic()
+        history: list[Turn] = []
+        if body.conversation_id:
+            async with self.sessions() as session:
+                conv = await get_conversation(session, body.conversation_id)
+            history = [Turn(m.role, m.content) for m in conv.messages if m.content]
+        sampling = sampling_for(
+            self.limits, body.max_tokens, body.temperature, body.top_p, body.seed
+        )
+        question = Question(
+            kb=body.kb,
+            text=body.question,
+            history=history,
+            sampling=sampling,
+            coalesce=coalesce,
+            top_k=body.top_k,
+            mmr=body.mmr,
+            conversation_id=body.conversation_id,
+        )
+        return await self.ask(question, accepted_at)
+
+    async def ask(self, q: Question, accepted_at: float | None = None) -> AnswerRun:
+        """Check the question against the limits, find the KB, and lay out the prompt so the
+        answer always has room (sources are dropped first)."""
+        accepted_at = time.monotonic() if accepted_at is None else accepted_at
         engine = self.engines.get()
         cfg = self.cfg
-        question = body.question.strip()
+        question = q.text.strip()
         if len(question) > cfg.max_question_chars:
             raise PayloadTooLarge(
                 f"question is {len(question)} characters; the limit is {cfg.max_question_chars}"
             )
-        top_k = cfg.default_top_k if body.top_k is None else body.top_k
+        top_k = cfg.default_top_k if q.top_k is None else q.top_k
         if top_k > cfg.max_top_k:
             raise InvalidRequest(f"top_k must be between 0 and {cfg.max_top_k}, got {top_k}")
-        sampling = sampling_for(
-            self.limits, body.max_tokens, body.temperature, body.top_p, body.seed
-        )
         async with self.sessions() as session:
-            kb = await resolve_kb(session, body.kb)
-            history: list[Turn] = []
-            if body.conversation_id:
-                conv = await get_conversation(session, body.conversation_id)
-                history = [Turn(m.role, m.content) for m in conv.messages if m.content]
-        lay = layout(engine, history, question, cfg.history_budget_tokens)
-        sampling = fit_to_window(engine, lay.full_ids(engine, []), sampling)
+            kb = await resolve_kb(session, q.kb)
+        lay = layout(engine, q.history, question, cfg.history_budget_tokens, q.instructions)
+        sampling = fit_to_window(engine, lay.full_ids(engine, []), q.sampling)
         job = AnswerJob(
             kb_id=kb.id,
             question=question,
@@ -234,10 +270,11 @@ class AnswerKind:
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             seed=sampling.seed,
-            mmr=body.mmr,
-            coalesce=coalesce,
+            mmr=q.mmr,
+            coalesce=q.coalesce,
+            stop=list(q.stop),
         )
-        conversation_id = body.conversation_id or new_id()
+        conversation_id = q.conversation_id or new_id()
         return AnswerRun(self, engine.model_name, conversation_id, job=job, accepted_at=accepted_at)
 
     async def can_continue(self, meta: StreamMeta) -> bool:

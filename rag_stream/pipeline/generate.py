@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.errors import PayloadTooLarge
+from rag_stream.generation.engine import Engine, Sampling
 from rag_stream.generation.sampling import fit_to_window, sampling_for
 from rag_stream.generation.slot import EngineSlot
 from rag_stream.metrics import Metrics
@@ -92,17 +93,45 @@ class GenerateKind:
     def accept(self, body: GenerateRequest, coalesce: Coalesce) -> GenerateRun:
         """Check the request against the limits and the window; plan its generation."""
         engine = self.engines.get()
-        limits = self.limits
-        if len(body.prompt) > limits.max_prompt_chars:
-            raise PayloadTooLarge(
-                f"prompt is {len(body.prompt)} characters; the limit is {limits.max_prompt_chars}"
-            )
-        sampling = sampling_for(limits, body.max_tokens, body.temperature, body.top_p, body.seed)
+        self._check_size(len(body.prompt))
+        sampling = sampling_for(
+            self.limits, body.max_tokens, body.temperature, body.top_p, body.seed
+        )
         text = body.prompt
         if body.chat:
             text = engine.chat_prompt([{"role": "user", "content": body.prompt}])
+        return self._run(engine, text, sampling, coalesce, stop=[])
+
+    def accept_chat(
+        self,
+        messages: Sequence[dict[str, str]],
+        sampling: Sampling,
+        coalesce: Coalesce,
+        stop: Sequence[str],
+    ) -> GenerateRun:
+        """Generate the assistant's next message after ``messages`` (role/content pairs)."""
+        engine = self.engines.get()
+        self._check_size(sum(len(m["content"]) for m in messages))
+        return self._run(engine, engine.chat_prompt(messages), sampling, coalesce, stop)
+
+    def _check_size(self, chars: int) -> None:
+        if chars > self.limits.max_prompt_chars:
+            raise PayloadTooLarge(
+                f"prompt is {chars} characters; the limit is {self.limits.max_prompt_chars}"
+            )
+
+    def _run(
+        self,
+        engine: Engine,
+        text: str,
+        sampling: Sampling,
+        coalesce: Coalesce,
+        stop: Sequence[str],
+    ) -> GenerateRun:
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
-        plan = GeneratePlan.of(ids, fit_to_window(engine, ids, sampling), coalesce=coalesce)
+        plan = GeneratePlan.of(
+            ids, fit_to_window(engine, ids, sampling), coalesce=coalesce, stop=list(stop)
+        )
         return GenerateRun(self, plan, engine.model_name)
 
     async def can_continue(self, meta: StreamMeta) -> bool:

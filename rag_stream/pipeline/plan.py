@@ -24,6 +24,7 @@ class TokenPlan(BaseModel):
     seed: int | None = None
     queue_ms: float = 0.0  # measured by the first run; a takeover reports the same
     coalesce: Coalesce = Coalesce()  # a takeover keeps the stream's tokens per event
+    stop: list[str] = []  # stop sequences: the answer ends before the first one
 
     def sampling(self, already_generated: int = 0) -> Sampling:
         return Sampling(

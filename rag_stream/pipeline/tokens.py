@@ -7,13 +7,15 @@ token ids already in the log, which extend the prompt and seed the detokenizer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 from rag_stream.generation.detokenize import Detokenizer, TextDelta
 from rag_stream.generation.engine import Engine, Sampling
+from rag_stream.generation.stop_strings import StopStrings, first_stop
 from rag_stream.pipeline.plan import TokenPlan
 from rag_stream.schemas.events import Event, FinishReason, Timings, Token, Usage
 from rag_stream.schemas.generate import Coalesce
@@ -59,7 +61,7 @@ async def run_tokens(
     sampling: Sampling,
     run: TokenRun,
     generated: Sequence[int] = (),
-) -> AsyncIterator[TextDelta]:
+) -> AsyncGenerator[TextDelta]:
     """Yield text deltas of one generation; ``run`` holds usage and timings when it ends.
 
     ``generated`` are token ids already produced for this answer (crash takeover): they seed the
@@ -156,21 +158,42 @@ async def token_phase(
     usage for the whole answer (logged tokens included)."""
     run, logged = out.run, out.logged_ids
     run.prompt_tokens = len(plan.prompt_ids)
-    if plan.max_tokens - len(logged) <= 0:
-        run.finish_reason = "length"
+    if plan.max_tokens - len(logged) <= 0 or _stopped_before(engine, plan, logged):
+        run.finish_reason = "length" if plan.max_tokens <= len(logged) else "stop"
         run.completion_tokens = len(logged)
         return run.finish_reason
     ctx.on_stop(lambda: engine.abort(ctx.run_id))
     prompt = [*plan.prompt_ids, *logged]
     sampling = plan.sampling(len(logged))
     events = Coalescer(ctx, plan.coalesce, out)
+    stops = StopStrings(plan.stop)
     try:
-        async for delta in run_tokens(engine, ctx.run_id, prompt, sampling, run, logged):
-            events.add(delta)
-            ctx.check()
+        deltas = run_tokens(engine, ctx.run_id, prompt, sampling, run, logged)
+        async with contextlib.aclosing(deltas):
+            async for delta in deltas:
+                shown = stops.push(delta)
+                if shown is not None:
+                    events.add(shown)
+                if stops.hit:
+                    await engine.abort(ctx.run_id)
+                    run.finish_reason = "stop"
+                    run.finished_at = time.monotonic()
+                    break
+                ctx.check()
+        tail = stops.finish()
+        if tail is not None:
+            events.add(tail)
     finally:
         events.flush()  # whatever was generated goes out, whatever ends the phase
     run.completion_tokens += len(logged)
     run.prompt_tokens = len(plan.prompt_ids)
     ctx.check()
     return run.finish_reason
+
+
+def _stopped_before(engine: Engine, plan: TokenPlan, logged: Sequence[int]) -> bool:
+    """A continuation of a stream whose logged tokens already hold a stop sequence (the process
+    died after logging them, before ending the stream): the answer is over."""
+    if not plan.stop or not logged:
+        return False
+    return first_stop(engine.tokenizer.decode(logged, skip_special_tokens=True), plan.stop) >= 0

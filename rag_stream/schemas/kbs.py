@@ -158,6 +158,13 @@ class ChunkOut(BaseModel):
     text: str
 
 
+class ChunkDetail(ChunkOut):
+    """A chunk with its document (what a citation URL points at)."""
+
+    kb_id: str
+    document: DocumentOut
+
+
 class DocumentDetail(DocumentOut):
     text: str
     chunks: list[ChunkOut] | None = None

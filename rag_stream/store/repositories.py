@@ -115,6 +115,22 @@ async def chunks_of(session: AsyncSession, document_id: str) -> list[Chunk]:
     return list(rows)
 
 
+async def get_chunk(session: AsyncSession, kb_id: str, chunk_id: str) -> tuple[Chunk, Document]:
+    """A chunk of the KB, and its document."""
+    row = await session.execute(
+        select(Chunk, Document)
+        .join(Document, Document.id == Chunk.document_id)
+        .where(Chunk.kb_id == kb_id, Chunk.id == chunk_id)
+    )
+    found = row.tuples().first()
+    if found is None:
+        raise NotFound(
+            f"chunk {chunk_id!r} not found in this knowledge base (its document may have been "
+            "replaced or deleted since it was cited)"
+        )
+    return found[0], found[1]
+
+
 async def live_chunks(
     session: AsyncSession, kb_id: str, ids: Sequence[str]
 ) -> dict[str, tuple[Chunk, str]]:

@@ -45,6 +45,7 @@ class StreamMeta:
     kind: str  # the name of the StreamKind that produces it
     created: float
     plan: str | None  # the kind's plan as JSON; the kind validates it when it reads it back
+    wire: str | None  # how the API renders the stream (opaque here); None: SSE events
     finish_reason: str | None
     cancel: bool
     lease_owner: str | None
@@ -67,6 +68,7 @@ class StreamMeta:
             kind=fields.get("kind", ""),
             created=float(fields.get("created", "0")),
             plan=fields.get("plan"),
+            wire=fields.get("wire"),
             finish_reason=fields.get("finish_reason"),
             cancel=fields.get("cancel") == "1",
             lease_owner=lease_owner,
@@ -75,7 +77,7 @@ class StreamMeta:
 
     @property
     def new(self) -> NewStream:
-        return NewStream(model=self.model, kind=self.kind, created=self.created)
+        return NewStream(model=self.model, kind=self.kind, created=self.created, wire=self.wire)
 
 
 @dataclass(frozen=True)
@@ -97,9 +99,13 @@ class NewStream:
     model: str
     kind: str
     created: float
+    wire: str | None = None  # the response format a resume must use (opaque here)
 
     def fields(self) -> dict[str, str]:
-        return {"model": self.model, "kind": self.kind, "created": repr(self.created)}
+        fields = {"model": self.model, "kind": self.kind, "created": repr(self.created)}
+        if self.wire is not None:
+            fields["wire"] = self.wire
+        return fields
 
 
 class EventLog(Protocol):

@@ -54,8 +54,9 @@ class Producers:
     def owns(self, stream_id: str) -> bool:
         return stream_id in self._tasks
 
-    async def start(self, kind: StreamKind, producer: Producer) -> str:
-        """Create a stream of ``kind`` and run its first producer; return the stream id."""
+    async def start(self, kind: StreamKind, producer: Producer, wire: str | None = None) -> str:
+        """Create a stream of ``kind`` and run its first producer; return the stream id.
+        ``wire`` is stored with it for the API layer (the format a resume renders)."""
         sid = new_stream_id()
         first = StreamStarted(
             id=0,
@@ -64,7 +65,7 @@ class Producers:
             model=producer.model,
             created=time.time(),
         )
-        new = NewStream(model=producer.model, kind=kind.name, created=first.created)
+        new = NewStream(model=producer.model, kind=kind.name, created=first.created, wire=wire)
         await self.event_log.create(sid, first, new, self.owner, self.cfg.lease_ms)
         self.spawn(sid, new, [first], lambda: producer)
         return sid

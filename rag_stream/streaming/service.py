@@ -52,9 +52,10 @@ class Streams:
         await self.producers.close()
         await self.feeds.close()
 
-    async def start(self, kind: StreamKind, producer: Producer) -> str:
-        """Create a stream of ``kind`` and run ``producer`` (its first run); return its id."""
-        return await self.producers.start(kind, producer)
+    async def start(self, kind: StreamKind, producer: Producer, wire: str | None = None) -> str:
+        """Create a stream of ``kind`` and run ``producer`` (its first run); return its id.
+        ``wire`` (opaque here) tells a later resume how the API renders the stream."""
+        return await self.producers.start(kind, producer, wire)
 
     def follow(self, sid: str, after: int = -1) -> AsyncIterator[Event]:
         return self.readers.follow(sid, after)
@@ -72,14 +73,15 @@ class Streams:
             raise NotFound(f"stream {sid!r} not found (unknown, or expired after retention)")
         return meta
 
-    async def resume(self, sid: str, cursor: int) -> AsyncIterator[list[Event]]:
-        """The events after ``cursor`` (-1: all) in batches, checked against the stream first."""
+    async def check_cursor(self, sid: str, cursor: int) -> StreamMeta:
+        """The stream's meta, once a reader's cursor (-1: from the start) is checked against
+        it; then ``follow_batches`` reads on."""
         meta = await self.status(sid)
         if cursor > meta.last_event_id:
             raise InvalidRequest(
                 f"last_event_id {cursor} is beyond the stream's last event ({meta.last_event_id})"
             )
-        return self.follow_batches(sid, cursor)
+        return meta
 
     async def cancel(self, sid: str, wait_s: float = 10) -> CancelOutcome:
         meta = await self.status(sid)

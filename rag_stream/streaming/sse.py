@@ -7,13 +7,26 @@ socket instead of one per event.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from rag_stream.schemas.events import Event, TransientError
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+class _KeepAlive(ServerSentEvent):
+    """A comment line with no blank line after it: bytes on a quiet connection (for proxies)
+    that no parser turns into an event. A whole comment block (``: ping`` and a blank line) is
+    an event with empty data to parsers that carry the last id over, and the ``openai`` SDK
+    fails on it (it parses every event's data as JSON); a lone comment line is skipped by all."""
+
+    def encode(self) -> bytes:
+        return b": keep-alive\n"
+
+
+_KEEP_ALIVE = _KeepAlive()
 
 
 def frame(event: Event) -> bytes:
@@ -25,15 +38,25 @@ def frame(event: Event) -> bytes:
 
 
 def event_stream_response(
-    batches: AsyncIterator[Sequence[Event]], keepalive_s: float
+    batches: AsyncIterator[Sequence[Event]],
+    keepalive_s: float,
+    headers: Mapping[str, str] | None = None,
 ) -> EventSourceResponse:
     async def chunks() -> AsyncIterator[bytes]:
         async for batch in batches:
             yield b"".join(frame(event) for event in batch)
 
+    return sse_response(chunks(), keepalive_s, headers)
+
+
+def sse_response(
+    chunks: AsyncIterator[bytes], keepalive_s: float, headers: Mapping[str, str] | None = None
+) -> EventSourceResponse:
+    """Send ready-made SSE frames, with keep-alive comments while the stream is quiet."""
     return EventSourceResponse(
-        chunks(),
+        chunks,
         ping=max(1, round(keepalive_s)),
-        headers=SSE_HEADERS,
+        ping_message_factory=lambda: _KEEP_ALIVE,
+        headers={**SSE_HEADERS, **(headers or {})},
         send_timeout=30,
     )

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import psutil
 import pytest
 
@@ -93,3 +94,45 @@ def test_sample_docs_kb_is_ingested_on_first_serve(default_server: ServerProcess
         timeout=60,
     ).json()
     assert hits["results"], hits
+
+
+def test_openai_client_gets_sources_and_annotations_from_smollm2(
+    default_server: ServerProcess,
+) -> None:
+    """The whole chat-completions citation path on a model that really cites: the answer's
+    [n] markers come back as url_citation annotations naming the right sources."""
+    kb = make_kb(
+        default_server.url,
+        [
+            ("Rivers", "The Zorblat river flows through the town of Quimby before the sea."),
+            ("Birds", "Herons nest in tall trees near water and eat fish and frogs."),
+        ],
+    )
+    client = openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="unused", max_retries=0)
+    ask = {
+        "model": f"kb:{kb}",
+        "messages": [{"role": "user", "content": "What do herons eat? Cite your sources."}],
+        "max_tokens": 60,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**ask)
+    message = whole.choices[0].message
+    text = message.content or ""
+    assert whole.model_extra is not None
+    sources = {s["url"]: s for s in whole.model_extra["search_results"]}
+    marks = message.annotations or []
+    assert marks, text  # this question makes SmolLM2 cite (greedy: every run the same)
+    for mark in marks:
+        cite = mark.url_citation
+        source = sources[cite.url]
+        assert text[cite.start_index : cite.end_index] == f"[{source['n']}]"
+        assert cite.title == source["title"]
+    assert {m.url_citation.title for m in marks} >= {"Birds"}
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    streamed = [
+        a
+        for c in chunks
+        if c.choices and c.choices[0].delta.model_extra
+        for a in c.choices[0].delta.model_extra.get("annotations") or []
+    ]
+    assert streamed == [m.model_dump() for m in marks]

@@ -58,7 +58,8 @@ def _kb(client: httpx.Client) -> str:
 def _error(response: httpx.Response, status: int) -> str:
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert set(error) == {"code", "message"}
+    assert set(error) == {"code", "message", "type", "param"}
+    assert error["type"] == "invalid_request_error"
     message: str = error["message"]
     return message
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from httpx_sse import connect_sse
 
 from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
 from tests.support.server import ServerProcess
@@ -37,7 +38,10 @@ class _Alongside:
         self._thread.start()
 
     def _read(self, server: ServerProcess, body: dict[str, Any]) -> None:
-        with contextlib.suppress(httpx.HTTPError), httpx.Client(base_url=server.url) as client:
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            httpx.Client(base_url=server.url, timeout=120) as client,
+        ):
             read_stream(client, "POST", "/v1/generate", json=body, on_frame=self.frames.append)
 
     def wait_for(self, n: int, timeout_s: float = 120) -> None:
@@ -49,6 +53,79 @@ class _Alongside:
     def join(self) -> list[Frame]:
         self._thread.join(60)
         return list(self.frames)
+
+
+# A chat-completions stream (the OpenAI format) on the victim too: it resumes in its format
+CHAT = {
+    "model": "SmolLM2-135M-Instruct",
+    "messages": [{"role": "user", "content": "Describe a busy harbour at dawn, in detail."}],
+    "max_tokens": 120,
+    "temperature": 0,
+}
+
+
+class _ChatAlongside:
+    """Reads a chat-completions stream's raw SSE frames (id, data) in a thread."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.stream_id = ""
+        self.frames: list[tuple[str, str]] = []
+        self._thread = threading.Thread(target=self._read, args=(server,), daemon=True)
+        self._thread.start()
+
+    def _read(self, server: ServerProcess) -> None:
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            httpx.Client(base_url=server.url, timeout=120) as client,
+            connect_sse(
+                client, "POST", "/v1/chat/completions", json={**CHAT, "stream": True}
+            ) as source,
+        ):
+            self.stream_id = source.response.headers["x-stream-id"]
+            for sse in source.iter_sse():
+                if sse.data:
+                    self.frames.append((sse.id, sse.data))
+
+    def wait_for(self, n: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.frames) < n:
+            assert time.monotonic() < deadline, self.frames
+            time.sleep(0.02)
+
+    def join(self) -> list[tuple[str, str]]:
+        self._thread.join(60)
+        return list(self.frames)
+
+
+def _chat_text(datas: list[str]) -> str:
+    chunks = [json.loads(d) for d in datas if d != "[DONE]"]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+def _assert_chat_interrupted(survivor: ServerProcess, chat: _ChatAlongside) -> None:
+    first = chat.join()
+    assert first and first[-1][1] != "[DONE]", first[-1:]  # the kill cut it short
+    status = httpx.get(f"{survivor.url}/v1/streams/{chat.stream_id}", timeout=30).json()
+    assert status["status"] == "running", status
+
+
+def _check_chat_takeover(survivor: ServerProcess, chat: _ChatAlongside, expected: str) -> None:
+    first = chat.join()
+    with (
+        httpx.Client(base_url=survivor.url, timeout=300) as client,
+        connect_sse(
+            client,
+            "GET",
+            f"/v1/streams/{chat.stream_id}/events",
+            headers={"Last-Event-ID": first[-1][0]},
+        ) as source,
+    ):
+        rest = [sse.data for sse in source.iter_sse() if sse.data]
+    assert rest[-1] == "[DONE]"
+    datas = [d for _, d in first] + rest
+    ids = {json.loads(d)["id"] for d in datas if d != "[DONE]"}
+    assert ids == {f"chatcmpl-{chat.stream_id}"}
+    assert _chat_text(datas) == expected
 
 
 def _uninterrupted(server: ServerProcess, body: dict[str, Any]) -> dict[str, Any]:
@@ -76,19 +153,21 @@ def _resume(server: ServerProcess, first: list[Frame]) -> list[Frame]:
 
 
 def test_kill_9_mid_stream_then_resume_gives_the_uninterrupted_text(
-    server_factory: ServerFactory, smollm2_path: Path, tokenizer: Any
+    takeover_servers_start: tuple[ServerProcess, ServerProcess], tokenizer: Any
 ) -> None:
-    env = {"RAG_STREAM_MODEL": str(smollm2_path), "RAG_STREAM_REDIS_URL": REDIS_URL}
-    # Both start at once: a start is mostly one busy core at a time, and there are two.
-    survivor = server_factory(wait=False, **env)
-    victim = server_factory(wait=False, **env)
+    # SmolLM2, the same Redis; started together, ahead (``takeover_servers_start``)
+    survivor, victim = takeover_servers_start
     try:
         for server in (survivor, victim):
             server.wait_ready()
         expected = _uninterrupted(survivor, CHINESE)
         expected_coalesced = _uninterrupted(survivor, COALESCED)
+        r = httpx.post(f"{survivor.url}/v1/chat/completions", json=CHAT, timeout=300)
+        expected_chat = r.raise_for_status().json()["choices"][0]["message"]["content"]
         alongside = _Alongside(victim, COALESCED)
+        chat = _ChatAlongside(victim)
         alongside.wait_for(3)  # `stream` and two coalesced token events: it is generating
+        chat.wait_for(4)  # the role chunk and three tokens
         with httpx.Client(base_url=victim.url, timeout=120) as client:
             first = read_stream(client, "POST", "/v1/generate", json=CHINESE, stop_after=12)
         victim.kill()  # SIGKILL to the whole process group: server and engine core
@@ -97,8 +176,10 @@ def test_kill_9_mid_stream_then_resume_gives_the_uninterrupted_text(
         # both right away: the survivor's sweeper finishes orphans even with no reader
         _assert_interrupted(survivor, first)
         _assert_interrupted(survivor, coalesced)
+        _assert_chat_interrupted(survivor, chat)
         _check_takeover(_resume(survivor, first), expected, survivor, tokenizer)
         _check_coalesced_takeover(_resume(survivor, coalesced), expected_coalesced)
+        _check_chat_takeover(survivor, chat, expected_chat)
     finally:
         for server in (survivor, victim):
             server.stop()
@@ -126,7 +207,9 @@ def _check_takeover(
     assert text_of(frames) == tokenizer.decode(ids, skip_special_tokens=True)
     assert sum(ord(c) > 0x2E80 for c in text_of(frames)) > 10  # really multi-byte text
     assert frames[-1].data["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"]
-    status = httpx.get(f"{survivor.url}/v1/streams/{frames[0].data['stream_id']}").json()
+    status = httpx.get(
+        f"{survivor.url}/v1/streams/{frames[0].data['stream_id']}", timeout=30
+    ).json()
     assert status["status"] == "done" and status["owner_alive"] is False
 
 
@@ -161,10 +244,10 @@ def test_orphaned_stream_is_finished_by_the_sweeper_without_a_reader(
         )
     victim.kill()
     sid = first[0].data["stream_id"]
-    assert httpx.get(f"{survivor.url}/v1/streams/{sid}").json()["status"] == "running"
+    assert httpx.get(f"{survivor.url}/v1/streams/{sid}", timeout=30).json()["status"] == "running"
     deadline = time.monotonic() + 90
     while True:
-        status = httpx.get(f"{survivor.url}/v1/streams/{sid}").json()
+        status = httpx.get(f"{survivor.url}/v1/streams/{sid}", timeout=30).json()
         if status["status"] != "running":
             break
         assert time.monotonic() < deadline, status

@@ -1,0 +1,213 @@
+"""OpenAI's Chat Completions and Models endpoints, over rag-stream's streams.
+
+``POST /v1/chat/completions`` with the engine's model is a ``generate`` stream of the chat;
+with ``kb:<name>`` it is an ``answer`` stream on that knowledge base (the last user message is
+the question, earlier turns the history, system messages follow the built-in system prompt).
+Either way the stream goes through the event log like every other, remembers that it speaks
+the chat-completions format (``ChatWire``), and says its id in ``X-Stream-Id``, so
+``GET /v1/streams/{id}/events`` resumes it in the same format.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from rag_stream.api.chat_format import (
+    ChatChunks,
+    completion_id,
+    completion_usage,
+    finish_reason,
+    search_result,
+    url_citations,
+)
+from rag_stream.api.deps import ResourcesDep
+from rag_stream.errors import IncompatiblePlan, ModelNotFound, NotFound
+from rag_stream.generation.engine import Sampling
+from rag_stream.generation.prompt import Turn
+from rag_stream.generation.sampling import sampling_for
+from rag_stream.pipeline.answer import Question
+from rag_stream.resources import Resources
+from rag_stream.schemas.events import Event
+from rag_stream.schemas.generate import Coalesce
+from rag_stream.schemas.openai import (
+    KB_MODEL_PREFIX,
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChatWire,
+    Choice,
+    ModelCard,
+    ModelList,
+)
+from rag_stream.store.repositories import list_kbs, resolve_kb
+from rag_stream.streaming.collect import Collected, collect
+from rag_stream.streaming.sse import sse_response
+
+router = APIRouter(tags=["openai"])
+_STARTED = int(time.time())  # the engine model's "created"
+
+
+def _kb_of(model: str, resources: Resources) -> str | None:
+    """The KB a model id answers from (None: the plain engine model); 404 if unknown."""
+    if model.startswith(KB_MODEL_PREFIX) and len(model) > len(KB_MODEL_PREFIX):
+        return model[len(KB_MODEL_PREFIX) :]
+    if model == resources.engines.get().model_name:
+        return None
+    raise ModelNotFound(
+        f"The model {model!r} does not exist: use the engine's model or kb:<knowledge base> "
+        "(GET /v1/models lists them)",
+        param="model",
+    )
+
+
+async def _kb_exists(resources: Resources, model: str, kb: str) -> None:
+    try:
+        async with resources.sessions() as session:
+            await resolve_kb(session, kb)
+    except NotFound:
+        raise ModelNotFound(
+            f"The model {model!r} does not exist: there is no knowledge base {kb!r} "
+            "(GET /v1/models lists the models)",
+            param="model",
+        ) from None
+
+
+@router.get("/v1/models")
+async def models(resources: ResourcesDep) -> ModelList:
+    served = resources.engines.get().model_name
+    cards = [ModelCard(id=served, created=_STARTED, root=served, kb=None)]
+    async with resources.sessions() as session:
+        kbs = await list_kbs(session)
+    for stats in kbs:
+        kb = stats.kb
+        cards.append(
+            ModelCard(
+                id=f"{KB_MODEL_PREFIX}{kb.name}",
+                created=int(kb.created_at.timestamp()),
+                root=served,
+                kb=kb.name,
+            )
+        )
+    return ModelList(data=cards)
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(
+    model_id: Annotated[str, Path(description="an id from GET /v1/models")],
+    resources: ResourcesDep,
+) -> ModelCard:
+    for card in (await models(resources)).data:
+        if model_id == card.id:
+            return card
+    raise ModelNotFound(
+        f"The model {model_id!r} does not exist (GET /v1/models lists them)", param="model"
+    )
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, resources: ResourcesDep
+) -> Response:
+    kb = _kb_of(body.model, resources)
+    streams = resources.streams
+    limits = resources.settings.limits
+    sampling = sampling_for(limits, body.completion_limit, body.temperature, body.top_p, body.seed)
+    coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
+    base = str(resources.settings.public_url or request.base_url).rstrip("/")
+    wire = ChatWire(model=body.model, kb=kb, chunk_url_base=base, include_usage=body.include_usage)
+    if kb is None:
+        kind = resources.generation
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text}
+            for m in body.messages
+        ]
+        run = kind.accept_chat(messages, sampling, coalesce, body.stops)
+        stream_id = await streams.start(kind, run, wire.model_dump_json())
+    else:
+        await _kb_exists(resources, body.model, kb)
+        answers = resources.answers
+        arun = await answers.ask(_question(body, kb, sampling, coalesce))
+        stream_id = await streams.start(answers, arun, wire.model_dump_json())
+    headers = {"X-Stream-Id": stream_id}
+    if body.stream:
+        return sse_response(
+            chat_frames(wire, streams.follow_batches(stream_id)),
+            resources.settings.streaming.keepalive_s,
+            headers,
+        )
+    completion = _completion(wire, await collect(streams.follow(stream_id)))
+    return JSONResponse(completion.model_dump(), headers=headers)
+
+
+async def chat_frames(
+    wire: ChatWire, batches: AsyncIterator[list[Event]], after: int = -1
+) -> AsyncIterator[bytes]:
+    """A stream's batches (from its first event) as chat-completion chunk frames after ``after``."""
+    chunks = ChatChunks(wire, after)
+    async for batch in batches:
+        frames = chunks.frames(batch)
+        if frames:
+            yield frames
+
+
+def chat_wire(stored: str) -> ChatWire:
+    """A chat-completions stream's stored format, as this version reads it."""
+    try:
+        return ChatWire.model_validate_json(stored)
+    except ValidationError:
+        raise IncompatiblePlan(
+            "the stream's response format was stored by another version of the service; it "
+            "cannot be resumed here"
+        ) from None
+
+
+def _question(
+    body: ChatCompletionRequest, kb: str, sampling: Sampling, coalesce: Coalesce
+) -> Question:
+    *earlier, last = body.messages
+    instructions = "\n\n".join(
+        m.text for m in earlier if m.role in ("system", "developer") and m.text.strip()
+    )
+    history = [Turn(m.role, m.text) for m in earlier if m.role in ("user", "assistant") and m.text]
+    return Question(
+        kb=kb,
+        text=last.text,
+        history=history,
+        sampling=sampling,
+        coalesce=coalesce,
+        top_k=body.top_k,
+        mmr=body.mmr,
+        instructions=instructions or None,
+        stop=body.stops,
+    )
+
+
+def _completion(wire: ChatWire, result: Collected) -> ChatCompletion:
+    started, done = result.start, result.done
+    reason, stop_reason = finish_reason(done)
+    sources = [search_result(wire, c) for c in result.citations]
+    return ChatCompletion(
+        id=completion_id(started.stream_id),
+        created=int(started.created),
+        model=wire.model,
+        choices=[
+            Choice(
+                message=AssistantMessage(
+                    content=result.text,
+                    annotations=url_citations(wire, result.text, result.citations),
+                ),
+                finish_reason=reason,
+                stop_reason=stop_reason,
+            )
+        ],
+        usage=completion_usage(done),
+        search_results=sources,
+        citations=[s.url for s in sources],
+        stream_id=started.stream_id,
+    )

@@ -1,0 +1,209 @@
+"""A stream's events in OpenAI's chat-completions format: ``chat.completion.chunk`` SSE frames,
+or one ``chat.completion``.
+
+One event becomes one or more frames; only the last frame of an event carries the SSE ``id:``
+(the event's), so a client's Last-Event-ID always names an event whose frames it has all seen.
+
+- ``stream`` (0): the first chunk, ``delta: {role: "assistant", content: ""}``.
+- ``citation`` events (sent together): one chunk with no delta content and the sources, as
+  top-level ``search_results`` and ``citations`` (URLs).
+- ``token``: ``delta.content``.
+- ``done``: a chunk with ``delta.annotations`` (one ``url_citation`` per ``[n]`` marker in the
+  answer, with its character offsets), the chunk with ``finish_reason``, the usage chunk if the
+  request asked for it, then ``data: [DONE]``.
+- ``error``: ``data: {"error": {...}}`` (what the ``openai`` SDK raises as an APIError), then
+  ``[DONE]``.
+
+The renderer is given every event from the start (the stream event names the completion, and
+annotation offsets count the whole answer) and shows only those after the client's cursor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from urllib.parse import quote
+
+from rag_stream.schemas.events import (
+    Citation,
+    CitationBody,
+    Done,
+    ErrorEvent,
+    Event,
+    StreamStarted,
+    Token,
+    TransientError,
+)
+from rag_stream.schemas.openai import (
+    Annotation,
+    ChatWire,
+    CompletionUsage,
+    PromptTokensDetails,
+    SearchResult,
+    UrlCitation,
+    error_type,
+)
+
+_MARKER = re.compile(r"\[(\d{1,3})\]")
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+def completion_id(stream_id: str) -> str:
+    return f"chatcmpl-{stream_id}"
+
+
+def chunk_url(wire: ChatWire, citation: CitationBody) -> str:
+    kb = quote(wire.kb or "", safe="")
+    return f"{wire.chunk_url_base}/v1/kbs/{kb}/chunks/{quote(citation.chunk_id, safe='')}"
+
+
+def search_result(wire: ChatWire, citation: CitationBody) -> SearchResult:
+    body = CitationBody.model_validate(citation, from_attributes=True)
+    return SearchResult(**body.model_dump(), url=chunk_url(wire, citation))
+
+
+def url_citations(wire: ChatWire, text: str, citations: Sequence[CitationBody]) -> list[Annotation]:
+    """One url_citation per ``[n]`` marker of a known source, at the marker's offsets."""
+    by_n = {c.n: c for c in citations}
+    found = []
+    for match in _MARKER.finditer(text):
+        cited = by_n.get(int(match.group(1)))
+        if cited is None:
+            continue
+        found.append(
+            Annotation(
+                url_citation=UrlCitation(
+                    url=chunk_url(wire, cited),
+                    title=cited.title,
+                    start_index=match.start(),
+                    end_index=match.end(),
+                )
+            )
+        )
+    return found
+
+
+def completion_usage(done: Done) -> CompletionUsage:
+    u = done.usage
+    return CompletionUsage(
+        prompt_tokens=u.prompt_tokens,
+        completion_tokens=u.completion_tokens,
+        total_tokens=u.prompt_tokens + u.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens),
+    )
+
+
+def finish_reason(done: Done) -> tuple[str, str | None]:
+    """OpenAI's finish_reason, and vLLM's ``stop_reason`` when OpenAI has no word for it."""
+    if done.finish_reason == "length":
+        return "length", None
+    if done.finish_reason == "cancelled":
+        return "stop", "cancelled"
+    return "stop", None
+
+
+def error_object(event: ErrorEvent) -> dict[str, object]:
+    status = 503 if event.code.endswith("unavailable") else 500
+    return {
+        "error": {
+            "message": event.message,
+            "type": error_type(status),
+            "param": None,
+            "code": event.code,
+        }
+    }
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class ChatChunks:
+    """Renders one stream's events, in order, as chunk frames (see the module docstring)."""
+
+    def __init__(self, wire: ChatWire, after: int = -1) -> None:
+        self._wire = wire
+        self._after = after  # events up to this id were shown already: fold them silently
+        self._head = ""  # set from the stream event (always the first)
+        self._tail = ',"usage":null}' if wire.include_usage else "}"
+        self._citations: list[Citation] = []
+        self._unsent: list[Citation] = []
+        self._pieces: list[str] = []
+
+    def frames(self, batch: Sequence[Event]) -> bytes:
+        out: list[bytes] = []
+        for event in batch:
+            self._render(event, out)
+        self._send_sources(out)
+        return b"".join(out)
+
+    def _render(self, event: Event, out: list[bytes]) -> None:
+        if isinstance(event, TransientError):  # never in the log: no id, the client resumes
+            out.append(f"data: {_dumps(error_object(event))}\n\n".encode())
+            return
+        if not isinstance(event, Citation):
+            self._send_sources(out)
+        show = event.id > self._after
+        if isinstance(event, Token):
+            self._pieces.append(event.text)
+            if show:
+                out.append(self._frame(event.id, self._choice({"content": event.text})))
+        elif isinstance(event, Citation):
+            self._citations.append(event)
+            if show:
+                self._unsent.append(event)
+        elif isinstance(event, StreamStarted):
+            self._head = (
+                f'{{"id":{_dumps(completion_id(event.stream_id))},'
+                f'"object":"chat.completion.chunk","created":{int(event.created)},'
+                f'"model":{_dumps(self._wire.model)},'
+            )
+            if show:
+                delta = {"role": "assistant", "content": ""}
+                out.append(self._frame(event.id, self._choice(delta)))
+        elif isinstance(event, Done):
+            if show:
+                self._done(event, out)
+        elif isinstance(event, ErrorEvent) and show:
+            out.append(f"data: {_dumps(error_object(event))}\n\n".encode())
+            out.append(f"id: {event.id}\n".encode() + DONE_FRAME)
+
+    def _done(self, done: Done, out: list[bytes]) -> None:
+        found = url_citations(self._wire, "".join(self._pieces), self._citations)
+        if found:
+            delta = {"annotations": [a.model_dump() for a in found]}
+            out.append(self._frame(None, self._choice(delta)))
+        reason, stop_reason = finish_reason(done)
+        choice = self._choice({}, reason)
+        if stop_reason is not None:
+            choice = choice[:-1] + f',"stop_reason":{_dumps(stop_reason)}}}'
+        out.append(self._frame(None, choice))
+        if self._wire.include_usage:
+            usage = completion_usage(done).model_dump_json()
+            out.append(f'data: {self._head}"choices":[],"usage":{usage}}}\n\n'.encode())
+        out.append(f"id: {done.id}\n".encode() + DONE_FRAME)
+
+    def _send_sources(self, out: list[bytes]) -> None:
+        if not self._unsent:
+            return
+        last = self._unsent[-1].id
+        results = [search_result(self._wire, c).model_dump() for c in self._unsent]
+        urls = [r["url"] for r in results]
+        self._unsent = []
+        extra = f',"search_results":{_dumps(results)},"citations":{_dumps(urls)}'
+        body = f'{self._head}"choices":[{self._choice({})}]{extra}{self._tail}'
+        out.append(f"id: {last}\ndata: {body}\n\n".encode())
+
+    @staticmethod
+    def _choice(delta: Mapping[str, object], reason: str | None = None) -> str:
+        return (
+            f'{{"index":0,"delta":{_dumps(delta)},"logprobs":null,'
+            f'"finish_reason":{_dumps(reason)}}}'
+        )
+
+    def _frame(self, event_id: int | None, choice: str) -> bytes:
+        body = f'{self._head}"choices":[{choice}]{self._tail}'
+        if event_id is None:
+            return f"data: {body}\n\n".encode()
+        return f"id: {event_id}\ndata: {body}\n\n".encode()

@@ -1,0 +1,268 @@
+"""OpenAI's Chat Completions and Models wire format, as rag-stream speaks it.
+
+Requests are checked strictly: a field OpenAI defines but rag-stream does not implement is
+accepted only at its neutral value (``frequency_penalty: 0``, ``logprobs: false``, ...), so a
+client that sends its defaults works unchanged and one that asks for more is told what is
+missing; a field OpenAI does not define is refused. rag-stream's own extras are ``top_k``,
+``mmr`` and ``coalesce``. The first problem found becomes OpenAI's error object, with ``param``
+naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rag_stream.schemas.answers import TOP_K_CEILING
+from rag_stream.schemas.events import CitationBody
+from rag_stream.schemas.generate import CoalesceOption, MaxTokens, Seed
+
+KB_MODEL_PREFIX = "kb:"
+# Where errors take OpenAI's statuses too (400 for a bad request, not 422).
+OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+
+# OpenAI fields rag-stream does not implement, with the values that mean "not used".
+_NEUTRAL: dict[str, tuple[object, ...]] = {
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
+    "parallel_tool_calls": (True, False),
+    "functions": ([],),
+    "function_call": ("none", "auto"),
+    "response_format": ({"type": "text"},),
+    "modalities": (["text"],),
+    "store": (False,),
+    "metadata": ({},),
+    "service_tier": ("auto", "default"),
+    "prediction": (),
+    "audio": (),
+    "web_search_options": (),
+    "reasoning_effort": (),
+    "verbosity": (),
+    "prompt_cache_key": (),
+    "safety_identifier": (),
+}
+
+
+class UnsupportedParameter(ValueError):
+    """A request field rag-stream refuses; ``param`` names it (OpenAI's ``param``)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str = ""
+
+    @model_validator(mode="after")
+    def _text_only(self) -> ContentPart:
+        if self.type != "text":
+            raise UnsupportedParameter(
+                "messages", f"only text content is supported, not {self.type[:40]!r} parts"
+            )
+        return self
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # name, refusal, ...: not used
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    # OpenAI's other fields pass through to the check below; anything else is refused there.
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: Seed | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=256)
+    # rag-stream's extras
+    top_k: int | None = Field(None, ge=0, le=TOP_K_CEILING)
+    mmr: bool = False
+    coalesce: CoalesceOption = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> ChatCompletionRequest:
+        for name, value in (self.model_extra or {}).items():
+            if name not in _NEUTRAL:
+                raise UnsupportedParameter(name, f"Unrecognized request argument supplied: {name}")
+            if value is not None and value not in _NEUTRAL[name]:
+                raise UnsupportedParameter(
+                    name, f"{name} is not supported by this server (only its default is accepted)"
+                )
+        if self.n != 1:
+            raise UnsupportedParameter("n", f"n must be 1 (one choice per request), got {self.n}")
+        if self.stream_options is not None and not self.stream:
+            raise UnsupportedParameter(
+                "stream_options", "stream_options is only allowed when stream is true"
+            )
+        for stop in self.stops:
+            if not stop:
+                raise UnsupportedParameter("stop", "stop sequences must not be empty")
+        if len(self.stops) > 4:
+            raise UnsupportedParameter("stop", "at most 4 stop sequences")
+        if not any(m.role == "user" for m in self.messages):
+            raise UnsupportedParameter("messages", "messages must contain a user message")
+        if self.messages[-1].role != "user":
+            raise UnsupportedParameter(
+                "messages", "the last message must be the user's (the question to answer)"
+            )
+        return self
+
+    @property
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def completion_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+# -- what goes through the log: how a stream's events are rendered -----------------------------
+
+
+class ChatWire(BaseModel):
+    """Stored with a chat-completions stream, so a resume renders it in the same format (and
+    the same citation URLs) wherever it is served."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["openai.chat"] = "openai.chat"
+    model: str  # as the client named it ("kb:docs" or the engine's model)
+    kb: str | None  # the KB name behind a kb: model
+    chunk_url_base: str  # citation URLs: <base>/v1/kbs/<kb>/chunks/<chunk_id>
+    include_usage: bool = False
+
+
+# -- responses -----------------------------------------------------------------------------
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class UrlCitation(BaseModel):
+    url: str
+    title: str
+    start_index: int
+    end_index: int
+
+
+class Annotation(BaseModel):
+    type: Literal["url_citation"] = "url_citation"
+    url_citation: UrlCitation
+
+
+class SearchResult(CitationBody):
+    """A source, as Perplexity-style clients read it (``title``, ``url``, ``snippet``), with
+    rag-stream's own fields (``n``, ``chunk_id``, ``document_id``, ``heading``, ...)."""
+
+    url: str
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    annotations: list[Annotation] = []
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str
+    stop_reason: str | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: CompletionUsage
+    search_results: list[SearchResult] = []
+    citations: list[str] = []
+    stream_id: str
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "rag-stream"
+    root: str
+    kb: Annotated[str | None, Field(description="the knowledge base a kb: model answers from")]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+def error_type(status: int) -> str:
+    """OpenAI's ``type`` for an HTTP status."""
+    if status == 401:
+        return "authentication_error"
+    if status == 403:
+        return "permission_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"

@@ -1,0 +1,203 @@
+"""The chat-completions renderer on made-up events: frames, ids, sources, annotations, resume."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from rag_stream.api.chat_format import ChatChunks
+from rag_stream.schemas.events import (
+    Citation,
+    Done,
+    ErrorEvent,
+    Event,
+    StreamStarted,
+    Token,
+    Usage,
+)
+from rag_stream.schemas.openai import ChatCompletionRequest, ChatWire
+
+WIRE = ChatWire(model="kb:docs", kb="docs", chunk_url_base="http://h:1", include_usage=True)
+
+
+def _citation(i: int, n: int) -> Citation:
+    return Citation(
+        id=i,
+        n=n,
+        chunk_id=f"c{n}",
+        document_id="d",
+        title=f"T{n}",
+        heading=None,
+        snippet=f"snippet {n}",
+        offsets=(0, 5),
+        score=1.0 / n,
+    )
+
+
+def _events() -> list[Event]:
+    pieces = ["Quimby ", "[1]", " and ", "[2", "]", "; not [9]."]
+    return [
+        StreamStarted(id=0, stream_id="S", model="m", created=1700000000.5),
+        _citation(1, 1),
+        _citation(2, 2),
+        *[Token(id=3 + i, index=i, text=p, token_ids=[i]) for i, p in enumerate(pieces)],
+        Done(
+            id=3 + len(pieces),
+            finish_reason="stop",
+            usage=Usage(prompt_tokens=300, completion_tokens=6, cached_tokens=256),
+        ),
+    ]
+
+
+def _parse(raw: bytes) -> list[tuple[str | None, Any]]:
+    """(id, data) per frame; data is JSON, or the string [DONE]."""
+    frames = []
+    for block in raw.decode().split("\n\n"):
+        if not block:
+            continue
+        fields = dict(line.split(": ", 1) for line in block.split("\n"))
+        data = fields["data"]
+        frames.append((fields.get("id"), data if data == "[DONE]" else json.loads(data)))
+    return frames
+
+
+def test_a_stream_renders_as_openai_chunks() -> None:
+    events = _events()
+    chunks = ChatChunks(WIRE)
+    frames = _parse(chunks.frames(events[:3]) + chunks.frames(events[3:]))
+    ids = [f[0] for f in frames]
+    first = frames[0][1]
+    assert first["id"] == "chatcmpl-S" and first["created"] == 1700000000
+    assert first["object"] == "chat.completion.chunk" and first["model"] == "kb:docs"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "usage" in first and first["usage"] is None  # include_usage: null until the end
+    # both citations in one chunk, with the id of the last one
+    assert ids[1] == "2"
+    sources = frames[1][1]
+    assert [s["n"] for s in sources["search_results"]] == [1, 2]
+    assert sources["citations"] == [
+        "http://h:1/v1/kbs/docs/chunks/c1",
+        "http://h:1/v1/kbs/docs/chunks/c2",
+    ]
+    assert sources["search_results"][0]["url"] == sources["citations"][0]
+    contents = [f[1]["choices"][0]["delta"]["content"] for f in frames[2:8]]
+    assert "".join(contents) == "Quimby [1] and [2]; not [9]."
+    assert ids[2:8] == [str(i) for i in range(3, 9)]
+    # the end: annotations, finish, usage, [DONE]; only [DONE] carries the done event's id
+    annotations, finish, usage, done = frames[8:]
+    assert [annotations[0], finish[0], usage[0]] == [None, None, None]
+    assert done == ("9", "[DONE]")
+    marks = annotations[1]["choices"][0]["delta"]["annotations"]
+    text = "".join(contents)
+    assert [(m["url_citation"]["start_index"], m["url_citation"]["end_index"]) for m in marks] == [
+        (7, 10),
+        (15, 18),
+    ]
+    for m in marks:
+        cite = m["url_citation"]
+        assert m["type"] == "url_citation"
+        assert text[cite["start_index"] : cite["end_index"]] == f"[{cite['title'][1:]}]"
+    assert finish[1]["choices"][0]["finish_reason"] == "stop"
+    assert usage[1]["choices"] == []
+    assert usage[1]["usage"] == {
+        "prompt_tokens": 300,
+        "completion_tokens": 6,
+        "total_tokens": 306,
+        "prompt_tokens_details": {"cached_tokens": 256},
+    }
+
+
+@pytest.mark.parametrize("cursor", [0, 2, 5, 8])
+def test_a_resume_shows_only_what_follows_the_cursor_and_the_same_end(cursor: int) -> None:
+    events = _events()
+    whole = ChatChunks(WIRE).frames(events)
+    resumed = ChatChunks(WIRE, after=cursor).frames(events)
+    frames = _parse(resumed)
+    shown_ids = {int(i) for i, _ in frames if i is not None}
+    assert shown_ids and min(shown_ids) > cursor
+    # the frames after the cursor are exactly the tail of an uninterrupted rendering
+    assert whole.endswith(resumed)
+
+
+def test_an_error_event_becomes_an_openai_error_then_done() -> None:
+    chunks = ChatChunks(WIRE)
+    raw = chunks.frames(
+        [
+            StreamStarted(id=0, stream_id="S", model="m", created=1.0),
+            ErrorEvent(id=1, code="engine_unavailable", message="the engine stopped"),
+        ]
+    )
+    frames = _parse(raw)
+    error = frames[1][1]["error"]
+    assert error == {
+        "message": "the engine stopped",
+        "type": "server_error",
+        "param": None,
+        "code": "engine_unavailable",
+    }
+    assert frames[2] == ("1", "[DONE]")
+
+
+def test_a_cancelled_stream_says_so_in_stop_reason() -> None:
+    frames = _parse(
+        ChatChunks(WIRE).frames(
+            [
+                StreamStarted(id=0, stream_id="S", model="m", created=1.0),
+                Done(id=1, finish_reason="cancelled"),
+            ]
+        )
+    )
+    choice = frames[1][1]["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == "cancelled"
+
+
+def _request(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 3}, "n"),
+        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"unheard_of": True}, "unheard_of"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+            "messages",
+        ),
+    ],
+)
+def test_unsupported_requests_name_the_field(fields: dict[str, Any], param: str) -> None:
+    from pydantic import ValidationError
+
+    from rag_stream.schemas.openai import UnsupportedParameter
+
+    with pytest.raises(ValidationError) as caught:
+        ChatCompletionRequest.model_validate(_request(**fields))
+    refused = [e["ctx"]["error"] for e in caught.value.errors() if "error" in e.get("ctx", {})]
+    assert len(refused) == 1
+    assert isinstance(refused[0], UnsupportedParameter) and refused[0].param == param
+
+
+def test_defaults_of_unsupported_fields_pass() -> None:
+    body = ChatCompletionRequest.model_validate(
+        _request(
+            frequency_penalty=0,
+            logprobs=False,
+            tools=[],
+            tool_choice="none",
+            response_format={"type": "text"},
+            stop="END",
+            messages=[{"role": "user", "content": [{"type": "text", "text": "hello"}]}],
+        )
+    )
+    assert body.stops == ["END"] and body.messages[0].text == "hello"
