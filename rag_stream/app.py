@@ -19,6 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from redis.asyncio import Redis
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -36,6 +37,8 @@ from rag_stream.api import (
     streams,
 )
 from rag_stream.api import metrics as metrics_api
+from rag_stream.api.browser_guard import BrowserGuard, default_trusted_hosts
+from rag_stream.api.error_body import error_response
 from rag_stream.api.request_metrics import RequestMetrics
 from rag_stream.api.timeouts import BodyReadTimeout
 from rag_stream.errors import RagStreamError
@@ -50,7 +53,7 @@ from rag_stream.resources import Resources
 from rag_stream.retrieval.embedder import Embedder, SentenceTransformerEmbedder
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import QdrantVectorStore
-from rag_stream.schemas.openai import OPENAI_PATHS, UnsupportedParameter, error_type
+from rag_stream.schemas.openai import OPENAI_PATHS, UnsupportedParameter
 from rag_stream.settings import Settings
 from rag_stream.store.db import create_db
 from rag_stream.streaming.coalesce import (
@@ -199,8 +202,24 @@ def create_app(
     app = _App(title="rag-stream", version="0.1.0", lifespan=lifespan)
 
     app.add_middleware(RequestMetrics, metrics=metrics)
+    security = settings.security
+    if security.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=security.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["X-Stream-Id"],  # a page reads it to resume a chat completion
+        )
     # a body that stalls half-way gets a 408 instead of holding its connection
     app.add_middleware(BodyReadTimeout, timeout_s=settings.limits.body_read_timeout_s)
+    # outermost: a request from a page elsewhere, or to a foreign Host, goes no further
+    trusted = security.trusted_hosts
+    app.add_middleware(
+        BrowserGuard,
+        trusted_hosts=default_trusted_hosts(settings.host) if trusted is None else trusted,
+        cors_origins=security.cors_origins,
+    )
     for module in (
         health,
         chat,
@@ -229,11 +248,6 @@ def _kv_stats_client(settings: Settings, service_redis: Redis) -> Redis | None:
     return Redis.from_url(kv.redis_url, socket_connect_timeout=3)
 
 
-def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
-    body = {"code": code, "message": message, "type": error_type(status), "param": param}
-    return JSONResponse({"error": body}, status_code=status)
-
-
 def _refusal(err: Any) -> bool:
     return isinstance((err.get("ctx") or {}).get("error"), UnsupportedParameter)
 
@@ -243,7 +257,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _domain(_: Request, exc: RagStreamError) -> JSONResponse:
         if exc.status_code >= 500 and exc.status_code != 503:
             logger.error("request failed: %s", exc.message)
-        return _error(exc.status_code, exc.code, exc.message, exc.param)
+        return error_response(exc.status_code, exc.code, exc.message, exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -264,14 +278,16 @@ def _install_error_handlers(app: FastAPI) -> None:
             params.append(where or None)
         # OpenAI's API answers a bad request with 400; rag-stream's own routes with 422
         status = 400 if request.url.path.startswith(OPENAI_PATHS) else 422
-        return _error(status, "invalid_request", "; ".join(problems), params[0] if params else None)
+        return error_response(
+            status, "invalid_request", "; ".join(problems), params[0] if params else None
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error(exc.status_code, code, str(exc.detail))
+        return error_response(exc.status_code, code, str(exc.detail))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error", exc_info=exc)
-        return _error(500, "internal_error", "internal error; see the server log")
+        return error_response(500, "internal_error", "internal error; see the server log")

@@ -120,6 +120,17 @@ class StreamingSettings(BaseModel):
     redis_pool_timeout_s: float = Field(5.0, gt=0)
 
 
+class SecuritySettings(BaseModel):
+    """What browsers may do (see api/browser_guard.py)."""
+
+    # Web origins (scheme://host[:port]) whose pages may call the API: they get CORS headers and
+    # may send state-changing requests. Empty: only pages served by this server itself.
+    cors_origins: list[str] = []
+    # Host names the server answers to (DNS-rebinding guard). Unset: the loopback names when it
+    # listens on a loopback address, any name otherwise.
+    trusted_hosts: list[str] | None = None
+
+
 class KVSettings(BaseModel):
     """KV-cache snapshots in Redis (the vLLM connector in ``rag_stream.kv``)."""
 
@@ -195,6 +206,7 @@ class Settings(BaseSettings):
     answers: AnswersSettings = AnswersSettings()
     ingest: IngestSettings = IngestSettings()
     kv: KVSettings = KVSettings()
+    security: SecuritySettings = SecuritySettings()
 
     @field_validator("database_url")
     @classmethod

@@ -23,7 +23,8 @@ async def answer(
     stream_id = await streams.start(kind, run)
     if body.stream:
         batches = streams.follow_batches(stream_id)
-        return event_stream_response(batches, resources.settings.streaming.keepalive_s)
+        keepalive = resources.settings.streaming.keepalive_s
+        return event_stream_response(batches, keepalive, {"X-Stream-Id": stream_id})
     return _response(await collect(streams.follow(stream_id)))
 
 

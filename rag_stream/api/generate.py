@@ -22,7 +22,8 @@ async def generate(
     stream_id = await streams.start(kind, kind.accept(body, coalesce))
     if body.stream:
         batches = streams.follow_batches(stream_id)
-        return event_stream_response(batches, resources.settings.streaming.keepalive_s)
+        keepalive = resources.settings.streaming.keepalive_s
+        return event_stream_response(batches, keepalive, {"X-Stream-Id": stream_id})
     return _response(await collect(streams.follow(stream_id)))
 
 

@@ -19,6 +19,8 @@ import anyio
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rag_stream.api.error_body import error_response
+
 logger = logging.getLogger(__name__)
 
 CODE = "request_timeout"
@@ -72,9 +74,5 @@ class BodyReadTimeout:
 
 def _timed_out(timeout_s: float) -> JSONResponse:
     message = f"the request body did not arrive in time (waited {timeout_s:g} s for more of it)"
-    return JSONResponse(
-        {"error": {"code": CODE, "message": message}},
-        status_code=408,
-        # the rest of the body may still come: the connection cannot carry another request
-        headers={"connection": "close"},
-    )
+    # the rest of the body may still come: the connection cannot carry another request
+    return error_response(408, CODE, message, headers={"connection": "close"})
