@@ -41,7 +41,7 @@ from rag_stream.api.browser_guard import BrowserGuard, default_trusted_hosts
 from rag_stream.api.error_body import error_response
 from rag_stream.api.request_metrics import RequestMetrics
 from rag_stream.api.timeouts import BodyReadTimeout
-from rag_stream.errors import RagStreamError
+from rag_stream.errors import RagStreamError, TooManyRequests
 from rag_stream.generation.engine import Engine
 from rag_stream.generation.slot import EngineSlot
 from rag_stream.ingest.sample_kb import start_sample_kb
@@ -56,6 +56,7 @@ from rag_stream.retrieval.vector_store import QdrantVectorStore
 from rag_stream.schemas.openai import OPENAI_PATHS, UnsupportedParameter
 from rag_stream.settings import Settings
 from rag_stream.store.db import create_db
+from rag_stream.streaming.admission import Admission
 from rag_stream.streaming.coalesce import (
     CoalescePolicy,
     RttSource,
@@ -191,6 +192,12 @@ def create_app(
             answers=answers,
             generation=generation,
             coalescing=CoalescePolicy(settings.streaming, rtt_source),
+            admission=Admission(
+                settings.limits.max_active_streams,
+                settings.limits.max_queued,
+                settings.limits.retry_after_s,
+                on_reject=lambda reason: metrics.rejected.labels(reason).inc(),
+            ),
         )
 
     @asynccontextmanager
@@ -257,7 +264,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _domain(_: Request, exc: RagStreamError) -> JSONResponse:
         if exc.status_code >= 500 and exc.status_code != 503:
             logger.error("request failed: %s", exc.message)
-        return error_response(exc.status_code, exc.code, exc.message, exc.param)
+        headers = None
+        if isinstance(exc, TooManyRequests):
+            headers = {"Retry-After": str(exc.retry_after_s)}
+        return error_response(exc.status_code, exc.code, exc.message, exc.param, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

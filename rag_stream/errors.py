@@ -9,6 +9,7 @@ RagStreamError                      500 internal_error
 ├── Conflict                        409 conflict
 ├── PayloadTooLarge                 413 payload_too_large
 ├── UnsupportedMediaType            415 unsupported_media_type
+├── TooManyRequests                 429 too_many_requests (with Retry-After)
 └── ServiceUnavailable              503 service_unavailable
     ├── EngineUnavailable           503 engine_unavailable
     ├── EventLogUnavailable         503 event_log_unavailable
@@ -67,6 +68,15 @@ class PayloadTooLarge(RagStreamError):
 class UnsupportedMediaType(RagStreamError):
     status_code = 415
     code = "unsupported_media_type"
+
+
+class TooManyRequests(RagStreamError):
+    status_code = 429
+    code = "too_many_requests"
+
+    def __init__(self, message: str, param: str | None = None, retry_after_s: int = 1) -> None:
+        super().__init__(message, param)
+        self.retry_after_s = retry_after_s  # sent as Retry-After
 
 
 class ServiceUnavailable(RagStreamError):

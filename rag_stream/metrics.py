@@ -46,6 +46,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.rejected = Counter(
+            "rag_stream_rejected_requests",
+            "Requests refused with a 429, by the limit they hit",
+            ["reason"],
+            registry=r,
+        )
         self.cached_tokens = Counter(
             "rag_stream_prefix_cache_hit_tokens",
             "Prompt tokens served from the prefix cache",

@@ -18,6 +18,7 @@ from rag_stream.retrieval.embedder import Embedder
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import VectorStore
 from rag_stream.settings import Settings
+from rag_stream.streaming.admission import Admission
 from rag_stream.streaming.coalesce import CoalescePolicy
 from rag_stream.streaming.redis_conn import RedisHandle
 from rag_stream.streaming.service import Streams
@@ -40,6 +41,7 @@ class Resources:
     answers: AnswerKind
     generation: GenerateKind
     coalescing: CoalescePolicy  # tokens per event, per request
+    admission: Admission  # how many streams generate and wait here; 429 beyond
 
     @property
     def engine(self) -> Engine:

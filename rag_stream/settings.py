@@ -71,6 +71,12 @@ class LimitsSettings(BaseModel):
     # The longest wait for the next piece of a request body: a client that sends its headers
     # and then stalls would otherwise hold a connection (and a worker's attention) indefinitely.
     body_read_timeout_s: float = Field(30.0, gt=0)
+    # Admission (streaming/admission.py): streams this process generates at once, and streams
+    # accepted but waiting for one of those slots; beyond both a request gets a 429 with
+    # Retry-After, before any work is done.
+    max_active_streams: int = Field(64, ge=1)
+    max_queued: int = Field(256, ge=0)
+    retry_after_s: int = Field(2, ge=1)
 
 
 class AnswersSettings(BaseModel):

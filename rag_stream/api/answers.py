@@ -19,8 +19,10 @@ async def answer(
     body: AnswerRequest, request: Request, resources: ResourcesDep
 ) -> Response | AnswerResponse:
     kind, streams = resources.answers, resources.streams
-    run = await kind.accept(body, resources.coalescing.resolve(body.coalesce, request.scope))
-    stream_id = await streams.start(kind, run)
+    coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
+    with resources.admission.ticket(body.priority) as ticket:
+        run = await kind.accept(body, coalesce)
+        stream_id = await streams.start(kind, run, ticket=ticket)
     if body.stream:
         batches = streams.follow_batches(stream_id)
         keepalive = resources.settings.streaming.keepalive_s

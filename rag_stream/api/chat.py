@@ -121,19 +121,20 @@ async def chat_completions(
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
     base = str(resources.settings.public_url or request.base_url).rstrip("/")
     wire = ChatWire(model=body.model, kb=kb, chunk_url_base=base, include_usage=body.include_usage)
-    if kb is None:
-        kind = resources.generation
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text}
-            for m in body.messages
-        ]
-        run = kind.accept_chat(messages, sampling, coalesce, body.stops)
-        stream_id = await streams.start(kind, run, wire.model_dump_json())
-    else:
-        await _kb_exists(resources, body.model, kb)
-        answers = resources.answers
-        arun = await answers.ask(_question(body, kb, sampling, coalesce))
-        stream_id = await streams.start(answers, arun, wire.model_dump_json())
+    with resources.admission.ticket(body.priority) as ticket:
+        if kb is None:
+            kind = resources.generation
+            messages = [
+                {"role": "system" if m.role == "developer" else m.role, "content": m.text}
+                for m in body.messages
+            ]
+            run = kind.accept_chat(messages, sampling, coalesce, body.stops)
+            stream_id = await streams.start(kind, run, wire.model_dump_json(), ticket)
+        else:
+            await _kb_exists(resources, body.model, kb)
+            answers = resources.answers
+            arun = await answers.ask(_question(body, kb, sampling, coalesce))
+            stream_id = await streams.start(answers, arun, wire.model_dump_json(), ticket)
     headers = {"X-Stream-Id": stream_id}
     if body.stream:
         return sse_response(

@@ -19,7 +19,8 @@ async def generate(
 ) -> Response | GenerateResponse:
     kind, streams = resources.generation, resources.streams
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
-    stream_id = await streams.start(kind, kind.accept(body, coalesce))
+    with resources.admission.ticket(body.priority) as ticket:
+        stream_id = await streams.start(kind, kind.accept(body, coalesce), ticket=ticket)
     if body.stream:
         batches = streams.follow_batches(stream_id)
         keepalive = resources.settings.streaming.keepalive_s

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag_stream.schemas.events import CitationBody, Timings, Usage
-from rag_stream.schemas.generate import CoalesceOption, MaxTokens, Seed
+from rag_stream.schemas.generate import CoalesceOption, MaxTokens, Priority, Seed
 
 # The configured limit (answers.max_top_k) is checked when the request is accepted; this bound
 # only keeps absurd numbers out before that.
@@ -34,6 +34,7 @@ class AnswerRequest(BaseModel):
     mmr: bool = False
     stream: bool = True
     coalesce: CoalesceOption = None
+    priority: Priority = "interactive"
 
     @field_validator("question")
     @classmethod

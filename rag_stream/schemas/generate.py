@@ -34,6 +34,14 @@ class Coalesce(BaseModel):
     ms: float = Field(0.0, ge=0.0, le=1000.0)
 
 
+Priority = Annotated[
+    Literal["interactive", "batch"],
+    Field(
+        description="interactive requests get generation slots before batch ones when the "
+        "server is busy"
+    ),
+]
+
 CoalesceOption = Annotated[
     Coalesce | Literal["auto"] | None,
     Field(
@@ -55,6 +63,7 @@ class GenerateRequest(BaseModel):
     chat: bool = Field(False, description="wrap the prompt in the model's chat template")
     stream: bool = True
     coalesce: CoalesceOption = None
+    priority: Priority = "interactive"
 
 
 class GenerateResponse(BaseModel):

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rag_stream.schemas.answers import TOP_K_CEILING
 from rag_stream.schemas.events import CitationBody
-from rag_stream.schemas.generate import CoalesceOption, MaxTokens, Seed
+from rag_stream.schemas.generate import CoalesceOption, MaxTokens, Priority, Seed
 
 KB_MODEL_PREFIX = "kb:"
 # Where errors take OpenAI's statuses too (400 for a bad request, not 422).
@@ -115,6 +115,7 @@ class ChatCompletionRequest(BaseModel):
     top_k: int | None = Field(None, ge=0, le=TOP_K_CEILING)
     mmr: bool = False
     coalesce: CoalesceOption = None
+    priority: Priority = "interactive"
 
     @model_validator(mode="after")
     def _supported(self) -> ChatCompletionRequest:

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from rag_stream.errors import EventLogUnavailable, RagStreamError
 from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason, StreamStarted
 from rag_stream.settings import StreamingSettings
+from rag_stream.streaming.admission import Ticket
 from rag_stream.streaming.context import Stopped, StreamContext
 from rag_stream.streaming.event_log import EventLog, FinishResult, NewStream
 from rag_stream.streaming.feeds import Feeds
@@ -54,9 +55,16 @@ class Producers:
     def owns(self, stream_id: str) -> bool:
         return stream_id in self._tasks
 
-    async def start(self, kind: StreamKind, producer: Producer, wire: str | None = None) -> str:
+    async def start(
+        self,
+        kind: StreamKind,
+        producer: Producer,
+        wire: str | None = None,
+        ticket: Ticket | None = None,
+    ) -> str:
         """Create a stream of ``kind`` and run its first producer; return the stream id.
-        ``wire`` is stored with it for the API layer (the format a resume renders)."""
+        ``wire`` is stored with it for the API layer (the format a resume renders); with a
+        ``ticket`` the producer waits for a generation slot first (see admission.py)."""
         sid = new_stream_id()
         first = StreamStarted(
             id=0,
@@ -67,7 +75,7 @@ class Producers:
         )
         new = NewStream(model=producer.model, kind=kind.name, created=first.created, wire=wire)
         await self.event_log.create(sid, first, new, self.owner, self.cfg.lease_ms)
-        self.spawn(sid, new, [first], lambda: producer)
+        self.spawn(sid, new, [first], lambda: producer, ticket=ticket)
         return sid
 
     def spawn(
@@ -78,12 +86,14 @@ class Producers:
         make: Callable[[], Producer],
         *,
         cancelled: bool = False,
+        ticket: Ticket | None = None,
     ) -> None:
         """Run the producer ``make()`` for a stream this process holds the lease of, after the
         events ``logged`` (all of them: this process's readers are served from memory now)."""
         self.feeds.produce(sid, logged)
         task = asyncio.create_task(
-            self._produce(sid, new, logged[-1].id + 1, make, cancelled), name=f"stream-{sid[:8]}"
+            self._produce(sid, new, logged[-1].id + 1, make, cancelled, ticket),
+            name=f"stream-{sid[:8]}",
         )
         self._tasks[sid] = task
         task.add_done_callback(lambda _t: self._tasks.pop(sid, None))
@@ -95,6 +105,7 @@ class Producers:
         next_id: int,
         make: Callable[[], Producer],
         cancelled: bool,
+        ticket: Ticket | None,
     ) -> None:
         feeds = self.feeds
         writer = StreamWriter(
@@ -106,6 +117,25 @@ class Producers:
             publish=lambda events: feeds.publish(sid, events),
             local_seen_ms=lambda: feeds.local_seen_ms(sid),
         )
+        try:
+            # the writer renews the lease while the stream waits for its generation slot
+            async with contextlib.nullcontext() if ticket is None else ticket.slot():
+                await self._run(sid, new, writer, make, cancelled)
+        except asyncio.CancelledError:
+            # shutting down while waiting for a slot: leave the stream to another process
+            self._flusher.remove(writer)
+            feeds.stop_producing(sid)
+            raise
+
+    async def _run(
+        self,
+        sid: str,
+        new: NewStream,
+        writer: StreamWriter,
+        make: Callable[[], Producer],
+        cancelled: bool,
+    ) -> None:
+        feeds = self.feeds
         run_id = f"{sid}:{uuid.uuid4().hex[:8]}"
         status = "done"
         try:
@@ -113,7 +143,7 @@ class Producers:
             ctx = StreamContext(sid, run_id, writer, self.event_log, producer.accepted_at)
             reason: FinishReason = "cancelled"
             try:
-                if not cancelled:
+                if not cancelled and writer.stop_reason is None:  # (cancelled while queued)
                     reason = await producer.run(ctx)
             except Stopped:
                 reason = "cancelled"

@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 from rag_stream.errors import EventLogUnavailable, InvalidRequest, NotFound
 from rag_stream.schemas.events import Event
 from rag_stream.settings import StreamingSettings
+from rag_stream.streaming.admission import Ticket
 from rag_stream.streaming.event_log import EventLog, StreamMeta
 from rag_stream.streaming.feeds import Feeds
 from rag_stream.streaming.kinds import KindRegistry, Producer, StreamKind
@@ -52,10 +53,17 @@ class Streams:
         await self.producers.close()
         await self.feeds.close()
 
-    async def start(self, kind: StreamKind, producer: Producer, wire: str | None = None) -> str:
+    async def start(
+        self,
+        kind: StreamKind,
+        producer: Producer,
+        wire: str | None = None,
+        ticket: Ticket | None = None,
+    ) -> str:
         """Create a stream of ``kind`` and run ``producer`` (its first run); return its id.
-        ``wire`` (opaque here) tells a later resume how the API renders the stream."""
-        return await self.producers.start(kind, producer, wire)
+        ``wire`` (opaque here) tells a later resume how the API renders the stream; the
+        ``ticket`` (from ``Admission``) is its place in this process's generation queue."""
+        return await self.producers.start(kind, producer, wire, ticket)
 
     def follow(self, sid: str, after: int = -1) -> AsyncIterator[Event]:
         return self.readers.follow(sid, after)
