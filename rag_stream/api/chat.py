@@ -11,42 +11,29 @@ the chat-completions format (``ChatWire``), and says its id in ``X-Stream-Id``, 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
-from rag_stream.api.chat_format import (
-    ChatChunks,
-    completion_id,
-    completion_usage,
-    finish_reason,
-    search_result,
-    url_citations,
-)
+from rag_stream.api.chat_format import chat_completion, chat_frames
 from rag_stream.api.deps import ResourcesDep
-from rag_stream.errors import IncompatiblePlan, ModelNotFound, NotFound
+from rag_stream.errors import ModelNotFound, NotFound
 from rag_stream.generation.engine import Sampling
 from rag_stream.generation.prompt import Turn
 from rag_stream.generation.sampling import sampling_for
 from rag_stream.pipeline.answer import Question
 from rag_stream.resources import Resources
-from rag_stream.schemas.events import Event
 from rag_stream.schemas.generate import Coalesce
 from rag_stream.schemas.openai import (
     KB_MODEL_PREFIX,
-    AssistantMessage,
-    ChatCompletion,
     ChatCompletionRequest,
     ChatWire,
-    Choice,
     ModelCard,
     ModelList,
 )
 from rag_stream.store.repositories import list_kbs, resolve_kb
-from rag_stream.streaming.collect import Collected, collect
+from rag_stream.streaming.collect import collect
 from rag_stream.streaming.sse import sse_response
 
 router = APIRouter(tags=["openai"])
@@ -142,30 +129,8 @@ async def chat_completions(
             resources.settings.streaming.keepalive_s,
             headers,
         )
-    completion = _completion(wire, await collect(streams.follow(stream_id)))
+    completion = chat_completion(wire, await collect(streams.follow(stream_id)))
     return JSONResponse(completion.model_dump(), headers=headers)
-
-
-async def chat_frames(
-    wire: ChatWire, batches: AsyncIterator[list[Event]], after: int = -1
-) -> AsyncIterator[bytes]:
-    """A stream's batches (from its first event) as chat-completion chunk frames after ``after``."""
-    chunks = ChatChunks(wire, after)
-    async for batch in batches:
-        frames = chunks.frames(batch)
-        if frames:
-            yield frames
-
-
-def chat_wire(stored: str) -> ChatWire:
-    """A chat-completions stream's stored format, as this version reads it."""
-    try:
-        return ChatWire.model_validate_json(stored)
-    except ValidationError:
-        raise IncompatiblePlan(
-            "the stream's response format was stored by another version of the service; it "
-            "cannot be resumed here"
-        ) from None
 
 
 def _question(
@@ -186,29 +151,4 @@ def _question(
         mmr=body.mmr,
         instructions=instructions or None,
         stop=body.stops,
-    )
-
-
-def _completion(wire: ChatWire, result: Collected) -> ChatCompletion:
-    started, done = result.start, result.done
-    reason, stop_reason = finish_reason(done)
-    sources = [search_result(wire, c) for c in result.citations]
-    return ChatCompletion(
-        id=completion_id(started.stream_id),
-        created=int(started.created),
-        model=wire.model,
-        choices=[
-            Choice(
-                message=AssistantMessage(
-                    content=result.text,
-                    annotations=url_citations(wire, result.text, result.citations),
-                ),
-                finish_reason=reason,
-                stop_reason=stop_reason,
-            )
-        ],
-        usage=completion_usage(done),
-        search_results=sources,
-        citations=[s.url for s in sources],
-        stream_id=started.stream_id,
     )

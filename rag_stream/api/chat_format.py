@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from urllib.parse import quote
 
+from pydantic import ValidationError
+
+from rag_stream.errors import IncompatiblePlan
 from rag_stream.schemas.events import (
     Citation,
     CitationBody,
@@ -37,13 +40,17 @@ from rag_stream.schemas.events import (
 )
 from rag_stream.schemas.openai import (
     Annotation,
+    AssistantMessage,
+    ChatCompletion,
     ChatWire,
+    Choice,
     CompletionUsage,
     PromptTokensDetails,
     SearchResult,
     UrlCitation,
     error_type,
 )
+from rag_stream.streaming.collect import Collected
 
 _MARKER = re.compile(r"\[(\d{1,3})\]")
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -207,3 +214,51 @@ class ChatChunks:
         if event_id is None:
             return f"data: {body}\n\n".encode()
         return f"id: {event_id}\ndata: {body}\n\n".encode()
+
+
+async def chat_frames(
+    wire: ChatWire, batches: AsyncIterator[list[Event]], after: int = -1
+) -> AsyncIterator[bytes]:
+    """A stream's batches (from its first event) as chat-completion chunk frames after ``after``."""
+    chunks = ChatChunks(wire, after)
+    async for batch in batches:
+        frames = chunks.frames(batch)
+        if frames:
+            yield frames
+
+
+def chat_wire(stored: str) -> ChatWire:
+    """A chat-completions stream's stored format, as this version reads it."""
+    try:
+        return ChatWire.model_validate_json(stored)
+    except ValidationError:
+        raise IncompatiblePlan(
+            "the stream's response format was stored by another version of the service; it "
+            "cannot be resumed here"
+        ) from None
+
+
+def chat_completion(wire: ChatWire, result: Collected) -> ChatCompletion:
+    """The non-streaming response: the collected stream as one ``chat.completion``."""
+    started, done = result.start, result.done
+    reason, stop_reason = finish_reason(done)
+    sources = [search_result(wire, c) for c in result.citations]
+    return ChatCompletion(
+        id=completion_id(started.stream_id),
+        created=int(started.created),
+        model=wire.model,
+        choices=[
+            Choice(
+                message=AssistantMessage(
+                    content=result.text,
+                    annotations=url_citations(wire, result.text, result.citations),
+                ),
+                finish_reason=reason,
+                stop_reason=stop_reason,
+            )
+        ],
+        usage=completion_usage(done),
+        search_results=sources,
+        citations=[s.url for s in sources],
+        stream_id=started.stream_id,
+    )

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 
-from rag_stream.api.chat import chat_frames, chat_wire
+from rag_stream.api.chat_format import chat_frames, chat_wire
 from rag_stream.api.deps import SettingsDep, StreamsDep
 from rag_stream.errors import InvalidRequest
 from rag_stream.schemas.streams import (
