@@ -11,6 +11,7 @@ the chat-completions format (``ChatWire``), and says its id in ``X-Stream-Id``, 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
@@ -104,7 +105,8 @@ async def chat_completions(
     kb = _kb_of(body.model, resources)
     streams = resources.streams
     limits = resources.settings.limits
-    sampling = sampling_for(limits, body.completion_limit, body.temperature, body.top_p, body.seed)
+    asked = sampling_for(limits, body.completion_limit, body.temperature, body.top_p, body.seed)
+    sampling = replace(asked, ignore_eos=body.ignore_eos)
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
     base = str(resources.settings.public_url or request.base_url).rstrip("/")
     wire = ChatWire(model=body.model, kb=kb, chunk_url_base=base, include_usage=body.include_usage)

@@ -15,6 +15,7 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    ignore_eos: bool = False  # keep generating past end-of-sequence (benchmarks: fixed lengths)
 
 
 @dataclass(frozen=True)

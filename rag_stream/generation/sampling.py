@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from rag_stream.errors import InvalidRequest, PayloadTooLarge
 from rag_stream.generation.engine import Engine, Sampling
@@ -32,4 +33,4 @@ def fit_to_window(engine: Engine, prompt_ids: Sequence[int], sampling: Sampling)
         )
     if sampling.max_tokens <= room:
         return sampling
-    return Sampling(room, sampling.temperature, sampling.top_p, sampling.seed)
+    return replace(sampling, max_tokens=room)

@@ -104,6 +104,7 @@ class VLLMEngine:
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             seed=sampling.seed,
+            ignore_eos=sampling.ignore_eos,
             detokenize=False,  # text comes from our UTF-8-safe detokenizer
             output_kind=RequestOutputKind.DELTA,
         )

@@ -87,6 +87,7 @@ class AnswerJob:
     mmr: bool
     coalesce: Coalesce
     stop: list[str]
+    ignore_eos: bool
 
 
 def cited_markers(text: str, sources: int) -> list[int]:
@@ -159,6 +160,7 @@ class AnswerRun:
             seed=job.seed,
             coalesce=job.coalesce,
             stop=job.stop,
+            ignore_eos=job.ignore_eos,
             queue_ms=ctx.queue_ms,
             kb_id=job.kb_id,
             question=job.question,
@@ -273,6 +275,7 @@ class AnswerKind:
             mmr=q.mmr,
             coalesce=q.coalesce,
             stop=list(q.stop),
+            ignore_eos=sampling.ignore_eos,
         )
         conversation_id = q.conversation_id or new_id()
         return AnswerRun(self, engine.model_name, conversation_id, job=job, accepted_at=accepted_at)

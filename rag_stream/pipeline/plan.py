@@ -25,6 +25,7 @@ class TokenPlan(BaseModel):
     queue_ms: float = 0.0  # measured by the first run; a takeover reports the same
     coalesce: Coalesce = Coalesce()  # a takeover keeps the stream's tokens per event
     stop: list[str] = []  # stop sequences: the answer ends before the first one
+    ignore_eos: bool = False
 
     def sampling(self, already_generated: int = 0) -> Sampling:
         return Sampling(
@@ -32,6 +33,7 @@ class TokenPlan(BaseModel):
             temperature=self.temperature,
             top_p=self.top_p,
             seed=self.seed,
+            ignore_eos=self.ignore_eos,
         )
 
     @classmethod
@@ -43,6 +45,7 @@ class TokenPlan(BaseModel):
                 "temperature": sampling.temperature,
                 "top_p": sampling.top_p,
                 "seed": sampling.seed,
+                "ignore_eos": sampling.ignore_eos,
                 **extra,
             }
         )

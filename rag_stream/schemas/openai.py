@@ -111,6 +111,8 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
+    # vLLM's extra, which its benchmark client sends: generate exactly max_tokens
+    ignore_eos: bool = False
     # rag-stream's extras
     top_k: int | None = Field(None, ge=0, le=TOP_K_CEILING)
     mmr: bool = False

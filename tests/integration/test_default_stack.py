@@ -136,3 +136,21 @@ def test_openai_client_gets_sources_and_annotations_from_smollm2(
         for a in c.choices[0].delta.model_extra.get("annotations") or []
     ]
     assert streamed == [m.model_dump() for m in marks]
+
+
+def test_ignore_eos_generates_exactly_max_tokens(default_server: ServerProcess) -> None:
+    """vLLM's extra parameter (its benchmark client sends it): past end-of-sequence."""
+    client = openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="unused", max_retries=0)
+    ask = {
+        "model": "SmolLM2-135M-Instruct",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 48,
+        "temperature": 0,
+    }
+    short = client.chat.completions.create(**ask)
+    assert short.choices[0].finish_reason == "stop"  # it ends by itself, early
+    assert short.usage is not None and short.usage.completion_tokens < 48
+    full = client.chat.completions.create(**ask, extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage is not None and full.usage.completion_tokens == 48
+    assert (full.choices[0].message.content or "").startswith(short.choices[0].message.content or "")
