@@ -80,7 +80,7 @@ def _exchange(
     began = time.monotonic()
     with socket.create_connection(address, timeout=15) as sock:
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
             f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
         )
         sock.sendall(head.encode())

@@ -220,7 +220,9 @@ def test_hostile_pdfs_are_refused_over_http(client: httpx.Client, kb: str, name:
     assert time.monotonic() - began < 15
     assert r.status_code == status, r.text
     code = "payload_too_large" if status == 413 else "invalid_request"
-    assert r.json() == {"error": {"code": code, "message": message}}
+    assert r.json() == {
+        "error": {"code": code, "message": message, "type": "invalid_request_error", "param": None}
+    }
 
 
 def test_a_slow_pdf_is_stopped_at_20_s_while_the_server_keeps_answering(
