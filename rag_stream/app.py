@@ -206,7 +206,15 @@ def create_app(
             app.state.resources = await open_resources(stack)
             yield
 
-    app = _App(title="rag-stream", version="0.1.0", lifespan=lifespan)
+    docs = settings.security.docs == "open"
+    app = _App(
+        title="rag-stream",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
 
     app.add_middleware(RequestMetrics, metrics=metrics)
     security = settings.security

@@ -135,6 +135,11 @@ class SecuritySettings(BaseModel):
     # Host names the server answers to (DNS-rebinding guard). Unset: the loopback names when it
     # listens on a loopback address, any name otherwise.
     trusted_hosts: list[str] | None = None
+    # Who may read /metrics: anyone ("open"), clients on this machine only ("loopback"; behind a
+    # proxy on this machine, the forwarded client address counts), or nobody ("off": 404).
+    metrics: Literal["open", "loopback", "off"] = "open"
+    # The API's own description (/docs, /redoc, /openapi.json): served, or not at all.
+    docs: Literal["open", "off"] = "open"
 
 
 class KVSettings(BaseModel):

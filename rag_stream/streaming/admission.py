@@ -109,10 +109,15 @@ class Ticket:
         self._admission = admission
         self.priority: Priority = priority
         self._released = False
+        self._claimed = False  # its stream's producer took it over: only slot() frees it
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         """Wait for a generation slot; hold it while the body runs; then free the ticket."""
+        if self._released:  # given back before its producer started: run uncounted
+            yield
+            return
+        self._claimed = True
         held = False
         try:
             await self._admission._acquire(self)
@@ -122,8 +127,10 @@ class Ticket:
             self._release(held)
 
     def release(self) -> None:
-        """Give the ticket back unused (the request failed before its stream started)."""
-        self._release(False)
+        """Give the ticket back unused (the request failed before its stream started); once
+        its stream's producer holds it, only the producer frees it."""
+        if not self._claimed:
+            self._release(False)
 
     def _release(self, held_slot: bool) -> None:
         if not self._released:

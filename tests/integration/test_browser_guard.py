@@ -103,3 +103,25 @@ def test_listed_origins_get_cors_and_may_post(server_factory: ServerFactory) -> 
             )
     finally:
         server.stop()
+
+
+def test_metrics_for_this_machine_only_and_no_api_description(
+    server_factory: ServerFactory,
+) -> None:
+    """The production profile's choices: /metrics on loopback (a client forwarded by a proxy on
+    this machine counts as where it came from), /docs and /openapi.json not served."""
+    server = server_factory(
+        stub_delay_s=0,
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        RAG_STREAM_SECURITY__METRICS="loopback",
+        RAG_STREAM_SECURITY__DOCS="off",
+    )
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            assert http.get("/metrics").status_code == 200
+            remote = http.get("/metrics", headers={"X-Forwarded-For": "203.0.113.9"})
+            _refused(remote, 404, "not_found")
+            for path in ("/docs", "/redoc", "/openapi.json"):
+                assert http.get(path).status_code == 404, path
+    finally:
+        server.stop()

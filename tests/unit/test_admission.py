@@ -88,3 +88,22 @@ def test_a_waiter_cancelled_in_the_queue_leaves_it() -> None:
         assert started == ["a", "c"] and admission.active == 0
 
     asyncio.run(run())
+
+
+def test_once_a_producer_holds_the_ticket_only_it_frees_it() -> None:
+    async def run() -> None:
+        admission = Admission(max_active=1, max_queued=0, retry_after_s=1)
+        ticket = admission.admit()
+        async with ticket.slot():
+            ticket.release()  # a late release from the request's side changes nothing
+            assert admission.active == 1 and admission.queued == 0
+            with pytest.raises(TooManyRequests):
+                admission.admit()
+        assert admission.active == 0
+        early = admission.admit()
+        early.release()  # given back first: its producer then runs without a slot
+        async with early.slot():
+            assert admission.active == 0
+        admission.admit()  # and nothing was counted twice
+
+    asyncio.run(run())
