@@ -263,8 +263,17 @@ def _kv_stats_client(settings: Settings, service_redis: Redis) -> Redis | None:
     return Redis.from_url(kv.redis_url, socket_connect_timeout=3)
 
 
-def _refusal(err: Any) -> bool:
-    return isinstance((err.get("ctx") or {}).get("error"), UnsupportedParameter)
+def _refusal(err: Any) -> UnsupportedParameter | None:
+    refused = (err.get("ctx") or {}).get("error")
+    return refused if isinstance(refused, UnsupportedParameter) else None
+
+
+def _problem(err: Any) -> tuple[str, str | None]:
+    """One validation error as (message, the field at fault)."""
+    if err.get("type") == "json_invalid":
+        return f"the body is not valid JSON ({err.get('ctx', {}).get('error')})", None
+    where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+    return f"{where or 'body'}: {err.get('msg', 'invalid')}", where or None
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -279,26 +288,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems: list[str] = []
-        params: list[str | None] = []
         errors = exc.errors()
-        refused = [e["ctx"]["error"] for e in errors if _refusal(e)]
-        if refused:  # a field refused by name says more than a union's other branches
-            problems = [r.message for r in refused]
-            params = [r.param for r in refused]
-        for err in [] if refused else errors:
-            if err.get("type") == "json_invalid":
-                problems.append(f"the body is not valid JSON ({err.get('ctx', {}).get('error')})")
-                params.append(None)
-                continue
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-            problems.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
-            params.append(where or None)
+        refused = [r for r in map(_refusal, errors) if r is not None]
+        # a field refused by name says more than the other branches of a union around it
+        found: list[tuple[str, str | None]] = [(r.message, r.param) for r in refused]
+        found = found or [_problem(e) for e in errors]
         # OpenAI's API answers a bad request with 400; rag-stream's own routes with 422
         status = 400 if request.url.path.startswith(OPENAI_PATHS) else 422
-        return error_response(
-            status, "invalid_request", "; ".join(problems), params[0] if params else None
-        )
+        message = "; ".join(m for m, _ in found)
+        return error_response(status, "invalid_request", message, found[0][1] if found else None)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -37,15 +37,19 @@ def host_name(host_header: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a host (a name or an address, IPv6 possibly in brackets) is this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def default_trusted_hosts(listen_host: str) -> list[str] | None:
     """The loopback names for a server on a loopback address; None (any name) otherwise."""
-    if listen_host.lower() == "localhost":
-        return list(LOOPBACK_NAMES)
-    try:
-        loopback = ipaddress.ip_address(listen_host.strip("[]")).is_loopback
-    except ValueError:
-        return None
-    return list(LOOPBACK_NAMES) if loopback else None
+    return list(LOOPBACK_NAMES) if is_loopback(listen_host) else None
 
 
 class BrowserGuard:

@@ -33,7 +33,7 @@ from rag_stream.schemas.openai import (
     ModelCard,
     ModelList,
 )
-from rag_stream.store.repositories import list_kbs, resolve_kb
+from rag_stream.store.repositories import list_kbs
 from rag_stream.streaming.collect import collect
 from rag_stream.streaming.sse import sse_response
 
@@ -52,18 +52,6 @@ def _kb_of(model: str, resources: Resources) -> str | None:
         "(GET /v1/models lists them)",
         param="model",
     )
-
-
-async def _kb_exists(resources: Resources, model: str, kb: str) -> None:
-    try:
-        async with resources.sessions() as session:
-            await resolve_kb(session, kb)
-    except NotFound:
-        raise ModelNotFound(
-            f"The model {model!r} does not exist: there is no knowledge base {kb!r} "
-            "(GET /v1/models lists the models)",
-            param="model",
-        ) from None
 
 
 @router.get("/v1/models")
@@ -120,9 +108,15 @@ async def chat_completions(
             run = kind.accept_chat(messages, sampling, coalesce, body.stops)
             stream_id = await streams.start(kind, run, wire.model_dump_json(), ticket)
         else:
-            await _kb_exists(resources, body.model, kb)
             answers = resources.answers
-            arun = await answers.ask(_question(body, kb, sampling, coalesce))
+            try:  # the KB is the only thing a question names that may not exist
+                arun = await answers.ask(_question(body, kb, sampling, coalesce))
+            except NotFound:
+                raise ModelNotFound(
+                    f"The model {body.model!r} does not exist: there is no knowledge base "
+                    f"{kb!r} (GET /v1/models lists the models)",
+                    param="model",
+                ) from None
             stream_id = await streams.start(answers, arun, wire.model_dump_json(), ticket)
     headers = {"X-Stream-Id": stream_id}
     if body.stream:

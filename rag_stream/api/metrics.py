@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 
+from rag_stream.api.browser_guard import is_loopback
 from rag_stream.api.deps import ResourcesDep
 from rag_stream.errors import NotFound
 from rag_stream.kv.metrics import kv_stats
@@ -20,7 +20,8 @@ router = APIRouter(tags=["metrics"])
 @router.get("/metrics")
 async def metrics(request: Request, resources: ResourcesDep) -> Response:
     exposure = resources.settings.security.metrics
-    if exposure == "off" or (exposure == "loopback" and not _from_loopback(request)):
+    client = request.client.host if request.client else ""
+    if exposure == "off" or (exposure == "loopback" and not is_loopback(client)):
         raise NotFound("not found")  # as if there were no such route
     m = resources.metrics
     # the KV connector runs in the engine process and keeps its counters in Redis
@@ -29,11 +30,3 @@ async def metrics(request: Request, resources: ResourcesDep) -> Response:
         with contextlib.suppress(RedisError):
             m.set_kv(await kv_stats(resources.kv_redis, resources.settings.kv.key_prefix))
     return Response(m.render(), media_type=CONTENT_TYPE_LATEST)
-
-
-def _from_loopback(request: Request) -> bool:
-    host = request.client.host if request.client else ""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

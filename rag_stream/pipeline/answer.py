@@ -80,14 +80,10 @@ class AnswerJob:
     question: str
     layout: PromptLayout
     top_k: int
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
+    sampling: Sampling  # fitted to the window
     mmr: bool
     coalesce: Coalesce
     stop: list[str]
-    ignore_eos: bool
 
 
 def cited_markers(text: str, sources: int) -> list[int]:
@@ -147,20 +143,16 @@ class AnswerRun:
             ctx.run_id,
             job.layout,
             search,
-            job.max_tokens,
+            job.sampling.max_tokens,
             self.kind.cfg.overlap,
             send_citations,
         )
         ctx.check()
-        return AnswerPlan(
-            prompt_ids=job.layout.full_ids(engine, found.sources),
-            max_tokens=job.max_tokens,
-            temperature=job.temperature,
-            top_p=job.top_p,
-            seed=job.seed,
+        return AnswerPlan.of(
+            job.layout.full_ids(engine, found.sources),
+            job.sampling,
             coalesce=job.coalesce,
             stop=job.stop,
-            ignore_eos=job.ignore_eos,
             queue_ms=ctx.queue_ms,
             kb_id=job.kb_id,
             question=job.question,
@@ -262,20 +254,15 @@ class AnswerKind:
         async with self.sessions() as session:
             kb = await resolve_kb(session, q.kb)
         lay = layout(engine, q.history, question, cfg.history_budget_tokens, q.instructions)
-        sampling = fit_to_window(engine, lay.full_ids(engine, []), q.sampling)
         job = AnswerJob(
             kb_id=kb.id,
             question=question,
             layout=lay,
             top_k=top_k,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
+            sampling=fit_to_window(engine, lay.full_ids(engine, []), q.sampling),
             mmr=q.mmr,
             coalesce=q.coalesce,
             stop=list(q.stop),
-            ignore_eos=sampling.ignore_eos,
         )
         conversation_id = q.conversation_id or new_id()
         return AnswerRun(self, engine.model_name, conversation_id, job=job, accepted_at=accepted_at)
