@@ -15,14 +15,11 @@ import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from redis.asyncio import Redis
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from rag_stream.api import (
@@ -35,13 +32,14 @@ from rag_stream.api import (
     kbs,
     search,
     streams,
+    usage,
 )
 from rag_stream.api import metrics as metrics_api
-from rag_stream.api.browser_guard import BrowserGuard, default_trusted_hosts
-from rag_stream.api.error_body import error_response
+from rag_stream.api.browser_guard import BrowserGuard, default_trusted_hosts, is_loopback
+from rag_stream.api.deps import CallerDep
+from rag_stream.api.error_handlers import install_error_handlers
 from rag_stream.api.request_metrics import RequestMetrics
 from rag_stream.api.timeouts import BodyReadTimeout
-from rag_stream.errors import RagStreamError, TooManyRequests
 from rag_stream.generation.engine import Engine
 from rag_stream.generation.slot import EngineSlot
 from rag_stream.ingest.sample_kb import start_sample_kb
@@ -52,10 +50,10 @@ from rag_stream.pipeline.generate import GenerateKind
 from rag_stream.resources import Resources
 from rag_stream.retrieval.embedder import Embedder, SentenceTransformerEmbedder
 from rag_stream.retrieval.retriever import Retriever
-from rag_stream.retrieval.vector_store import QdrantVectorStore
-from rag_stream.schemas.openai import OPENAI_PATHS, UnsupportedParameter
+from rag_stream.retrieval.stores import open_sparse_encoder, open_vector_store
 from rag_stream.settings import Settings
 from rag_stream.store.db import create_db
+from rag_stream.store.keys import KeyRing
 from rag_stream.streaming.admission import Admission
 from rag_stream.streaming.coalesce import (
     CoalescePolicy,
@@ -65,6 +63,7 @@ from rag_stream.streaming.coalesce import (
 )
 from rag_stream.streaming.event_log import EventLog
 from rag_stream.streaming.memory_log import MemoryEventLog
+from rag_stream.streaming.quotas import Quotas
 from rag_stream.streaming.redis_conn import open_redis
 from rag_stream.streaming.redis_log import RedisEventLog
 from rag_stream.streaming.service import Streams
@@ -147,7 +146,7 @@ def create_app(
         stack.push_async_callback(redis.close)
         db_engine, sessions = create_db(settings.resolved_database_url)
         stack.push_async_callback(db_engine.dispose)
-        vectors = QdrantVectorStore.from_settings(settings)
+        vectors = open_vector_store(settings)
         stack.push_async_callback(vectors.close)
         kv_redis = _kv_stats_client(settings, redis.client)
         if kv_redis is not None and kv_redis is not redis.client:
@@ -159,8 +158,9 @@ def create_app(
 
         embedder = await embedder_factory(settings)
         await vectors.ensure(embedder.dimension)
-        retriever = Retriever(sessions, vectors, embedder)
-        ingestor = Ingestor(sessions, vectors, embedder, settings.ingest)
+        sparse = open_sparse_encoder()
+        retriever = Retriever(sessions, vectors, embedder, sparse=sparse)
+        ingestor = Ingestor(sessions, vectors, embedder, settings.ingest, sparse=sparse)
         event_log: EventLog = (
             RedisEventLog(redis.client, prefix=settings.streaming.key_prefix)
             if settings.streaming.checkpoint
@@ -170,9 +170,26 @@ def create_app(
         answers = AnswerKind(
             engines, sessions, retriever, metrics, settings.answers, settings.limits
         )
+        limits = settings.limits
+        quotas = Quotas(
+            redis.client,
+            settings.streaming.key_prefix,
+            limits.per_tenant_active,
+            limits.requests_per_minute,
+            on_reject=lambda reason: metrics.rejected.labels(reason).inc(),
+        )
+        stack.push_async_callback(quotas.close)  # after the streams, which give places back
         streams = Streams(event_log, settings.streaming, [generation, answers])
         stack.push_async_callback(streams.close)  # before the engine closes
         metrics.active_streams.set_function(lambda: streams.active)
+        keys = KeyRing(sessions, settings.security.require_keys or not is_loopback(settings.host))
+        if not await keys.required():
+            logger.warning(
+                "open mode: no API key exists and the server listens on %s, so every request "
+                "is served, as tenant 'local'; `rag-stream keys create --tenant NAME` makes "
+                "keys required",
+                settings.host,
+            )
         sample = start_sample_kb(settings, sessions, ingestor)
         stack.push_async_callback(_cancel, sample)
         streams.start_sweeper()
@@ -193,11 +210,15 @@ def create_app(
             generation=generation,
             coalescing=CoalescePolicy(settings.streaming, rtt_source),
             admission=Admission(
-                settings.limits.max_active_streams,
-                settings.limits.max_queued,
-                settings.limits.retry_after_s,
+                limits.max_active_streams,
+                limits.max_queued,
+                limits.retry_after_s,
                 on_reject=lambda reason: metrics.rejected.labels(reason).inc(),
+                quotas=quotas,
+                max_active_batch=limits.max_active_batch,
             ),
+            keys=keys,
+            quotas=quotas,
         )
 
     @asynccontextmanager
@@ -206,7 +227,7 @@ def create_app(
             app.state.resources = await open_resources(stack)
             yield
 
-    docs = settings.security.docs == "open"
+    docs = settings.security.docs == "open"  # "key": /openapi.json only, below
     app = _App(
         title="rag-stream",
         version="0.1.0",
@@ -246,9 +267,16 @@ def create_app(
         kbs,
         documents,
         search,
+        usage,
     ):
         app.include_router(module.router)
-    _install_error_handlers(app)
+    if settings.security.docs == "key":
+
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi(_: CallerDep) -> JSONResponse:
+            return JSONResponse(app.openapi())
+
+    install_error_handlers(app)
     return app
 
 
@@ -261,49 +289,3 @@ def _kv_stats_client(settings: Settings, service_redis: Redis) -> Redis | None:
     if kv.redis_url is None or kv.redis_url == settings.redis_url:
         return service_redis
     return Redis.from_url(kv.redis_url, socket_connect_timeout=3)
-
-
-def _refusal(err: Any) -> UnsupportedParameter | None:
-    refused = (err.get("ctx") or {}).get("error")
-    return refused if isinstance(refused, UnsupportedParameter) else None
-
-
-def _problem(err: Any) -> tuple[str, str | None]:
-    """One validation error as (message, the field at fault)."""
-    if err.get("type") == "json_invalid":
-        return f"the body is not valid JSON ({err.get('ctx', {}).get('error')})", None
-    where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-    return f"{where or 'body'}: {err.get('msg', 'invalid')}", where or None
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RagStreamError)
-    async def _domain(_: Request, exc: RagStreamError) -> JSONResponse:
-        if exc.status_code >= 500 and exc.status_code != 503:
-            logger.error("request failed: %s", exc.message)
-        headers = None
-        if isinstance(exc, TooManyRequests):
-            headers = {"Retry-After": str(exc.retry_after_s)}
-        return error_response(exc.status_code, exc.code, exc.message, exc.param, headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        refused = [r for r in map(_refusal, errors) if r is not None]
-        # a field refused by name says more than the other branches of a union around it
-        found: list[tuple[str, str | None]] = [(r.message, r.param) for r in refused]
-        found = found or [_problem(e) for e in errors]
-        # OpenAI's API answers a bad request with 400; rag-stream's own routes with 422
-        status = 400 if request.url.path.startswith(OPENAI_PATHS) else 422
-        message = "; ".join(m for m, _ in found)
-        return error_response(status, "invalid_request", message, found[0][1] if found else None)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error", exc_info=exc)
-        return error_response(500, "internal_error", "internal error; see the server log")

@@ -13,6 +13,7 @@ from rag_stream.errors import (
     NotFound,
     ServiceUnavailable,
 )
+from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.settings import Settings, load_settings
 
 
@@ -88,7 +89,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.paths]
     try:
         summary, others = asyncio.run(
-            ingest_paths(settings, args.kb, paths, progress=not args.no_progress)
+            ingest_paths(
+                settings, args.kb, paths, progress=not args.no_progress, tenant=args.tenant
+            )
         )
     except (InvalidRequest, ServiceUnavailable) as exc:
         print(f"rag-stream ingest: {exc.message}", file=sys.stderr)
@@ -115,7 +118,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging("warning")
     try:
-        hits = asyncio.run(search_kb(settings, args.kb, args.query, args.top_k, args.mmr))
+        hits = asyncio.run(
+            search_kb(settings, args.kb, args.query, args.top_k, args.mmr, args.tenant)
+        )
     except (NotFound, ServiceUnavailable) as exc:
         print(f"rag-stream search: {exc.message}", file=sys.stderr)
         return 1
@@ -129,6 +134,85 @@ def cmd_search(args: argparse.Namespace) -> int:
         )
         print("   " + " ".join(hit.text.split())[:300])
     return 0
+
+
+def cmd_reindex(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rag_stream.ingest.local import reindex_store
+    from rag_stream.preflight import migrate
+
+    settings = _settings(args)
+    _logging("warning")
+    migrate(settings)
+    try:
+        summary = asyncio.run(
+            reindex_store(settings, re_embed=args.re_embed, progress=not args.no_progress)
+        )
+    except ServiceUnavailable as exc:
+        print(f"rag-stream reindex: {exc.message}", file=sys.stderr)
+        return 1
+    print(
+        f"reindexed {summary.chunks} chunks ({summary.copied} dense vectors copied from the old "
+        f"store, {summary.embedded} embedded)"
+    )
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rag_stream.preflight import migrate
+    from rag_stream.store import keys
+    from rag_stream.store.db import create_db
+
+    settings = _settings(args)
+    _logging("warning")
+    migrate(settings)
+
+    async def run() -> int:
+        db_engine, sessions = create_db(settings.resolved_database_url)
+        try:
+            async with sessions() as session:
+                if args.keys_command == "create":
+                    made = await keys.create_key(session, args.tenant, args.name)
+                    print(f"API key {made.id} for tenant {made.tenant!r} (shown only now):")
+                    print(made.key)
+                elif args.keys_command == "revoke":
+                    gone = await keys.revoke_key(session, args.id)
+                    print(f"revoked {gone.id} (tenant {gone.tenant!r})")
+                else:
+                    for k in await keys.list_keys(session):
+                        state = f"revoked {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "live"
+                        label = k.name or "-"
+                        print(f"{k.id}  {k.prefix}…  tenant={k.tenant}  name={label}  {state}")
+        except NotFound as exc:
+            print(f"rag-stream keys: {exc.message}", file=sys.stderr)
+            return 1
+        finally:
+            await db_engine.dispose()
+        return 0
+
+    return asyncio.run(run())
+
+
+def _tenant_name(value: str) -> str:
+    from pydantic import TypeAdapter, ValidationError
+
+    from rag_stream.schemas.tenants import TenantName
+
+    try:
+        return TypeAdapter(TenantName).validate_python(value)
+    except ValidationError:
+        raise argparse.ArgumentTypeError(
+            "a tenant is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        ) from None
+
+
+def _key_label(value: str) -> str:
+    if not 1 <= len(value) <= 128:
+        raise argparse.ArgumentTypeError("a key's name is 1-128 characters")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,10 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     db_sub.add_parser("upgrade", help="apply Alembic migrations").set_defaults(func=cmd_db_upgrade)
 
     local_note = (
-        "Runs in-process on the configured stores. Qdrant in local mode locks its folder, so "
-        "stop a `rag-stream serve` that uses the same data dir first (or set "
+        "Runs in-process on the configured stores. The embedded vector store locks its folder, "
+        "so stop a `rag-stream serve` that uses the same data dir first (or set "
         "RAG_STREAM_QDRANT_URL to a Qdrant server both share)."
     )
+    tenant_help = "the tenant whose knowledge base it is (default: local, the open mode's)"
     ingest = sub.add_parser(
         "ingest",
         help="ingest files and folders (recursively) into a knowledge base",
@@ -159,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
     ingest.add_argument("--kb", required=True, help="knowledge base name")
     ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ingest.add_argument("--tenant", default=LOCAL_TENANT, help=tenant_help)
     ingest.set_defaults(func=cmd_ingest)
 
     search = sub.add_parser(
@@ -170,7 +256,36 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--kb", required=True, help="knowledge base name or id")
     search.add_argument("--top-k", type=int, default=5)
     search.add_argument("--mmr", action="store_true", help="diversify the results")
+    search.add_argument("--tenant", default=LOCAL_TENANT, help=tenant_help)
     search.set_defaults(func=cmd_search)
+
+    reindex = sub.add_parser(
+        "reindex",
+        help="rebuild the vector store from the database (after an upgrade or a new embedder)",
+        description="Rebuild the vector store from the chunks in the database: dense vectors "
+        "are copied from a store made before hybrid search when it has them, else embedded; "
+        "BM25 vectors are computed from the text. Then the old store is removed. " + local_note,
+    )
+    reindex.add_argument(
+        "--re-embed", action="store_true", help="embed every chunk again (a new embedder)"
+    )
+    reindex.add_argument("--no-progress", action="store_true", help="no progress bar")
+    reindex.set_defaults(func=cmd_reindex)
+
+    keys = sub.add_parser(
+        "keys",
+        help="API keys: create, list, revoke",
+        description="API keys are stored as hashes; a key is shown once, when created. Once "
+        "any key exists, the server requires one on every request.",
+    )
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="create a key for a tenant (printed once)")
+    create.add_argument("--tenant", required=True, type=_tenant_name)
+    create.add_argument("--name", type=_key_label, help="a label to recognise the key by")
+    keys_sub.add_parser("list", help="every key: id, prefix, tenant, label, state")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key at once (it gets 401 from then)")
+    revoke.add_argument("id", help="the key's id (from keys list)")
+    keys.set_defaults(func=cmd_keys)
 
     prep = sub.add_parser("prepare-models", help="prepare the default LLM and embedder once")
     prep.add_argument("--force", action="store_true", help="rebuild even if prepared")

@@ -4,6 +4,7 @@ RagStreamError                      500 internal_error
 ├── ConfigError                     (start-up only; printed as one line, never served)
 ├── IncompatiblePlan                500 incompatible_plan (a stream saved by another version)
 ├── InvalidRequest                  422 invalid_request
+├── Unauthorized                    401 invalid_api_key (with WWW-Authenticate: Bearer)
 ├── NotFound                        404 not_found
 │   └── ModelNotFound               404 model_not_found
 ├── Conflict                        409 conflict
@@ -44,6 +45,11 @@ class IncompatiblePlan(RagStreamError):
 class InvalidRequest(RagStreamError):
     status_code = 422
     code = "invalid_request"
+
+
+class Unauthorized(RagStreamError):
+    status_code = 401
+    code = "invalid_api_key"
 
 
 class NotFound(RagStreamError):

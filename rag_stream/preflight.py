@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 from rag_stream.errors import ConfigError
+from rag_stream.retrieval.qdrant_store import LEGACY_COLLECTION
+from rag_stream.retrieval.stores import REINDEX_HINT, old_store
 from rag_stream.settings import ENV_PREFIX, Settings
 from rag_stream.store.db import upgrade
 
@@ -46,12 +48,28 @@ def check_qdrant(settings: Settings) -> None:
         return
     import httpx
 
+    base = settings.qdrant_url.rstrip("/")
     try:
-        httpx.get(settings.qdrant_url.rstrip("/") + "/collections", timeout=3).raise_for_status()
+        httpx.get(base + "/collections", timeout=3).raise_for_status()
+        legacy = httpx.get(f"{base}/collections/{LEGACY_COLLECTION}/exists", timeout=3)
+        legacy.raise_for_status()
     except Exception as exc:
         raise ConfigError(
             f"{ENV_PREFIX}QDRANT_URL: cannot reach {settings.qdrant_url}: {exc}"
         ) from None
+    if legacy.json().get("result", {}).get("exists"):
+        raise ConfigError(
+            f"{ENV_PREFIX}QDRANT_URL: the server holds the collection {LEGACY_COLLECTION!r}, "
+            f"made before hybrid search: {REINDEX_HINT}"
+        )
+
+
+def check_vector_store(settings: Settings) -> None:
+    """An embedded store made before hybrid search is not opened (its searches would miss
+    BM25 and it would shadow the new one): one line saying how to move it."""
+    message = old_store(settings)
+    if message:
+        raise ConfigError(message)
 
 
 def migrate(settings: Settings) -> None:
@@ -67,4 +85,5 @@ def preflight(settings: Settings) -> None:
     check_model_paths(settings)
     check_redis(settings)
     check_qdrant(settings)
+    check_vector_store(settings)
     migrate(settings)

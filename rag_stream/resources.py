@@ -18,8 +18,10 @@ from rag_stream.retrieval.embedder import Embedder
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import VectorStore
 from rag_stream.settings import Settings
+from rag_stream.store.keys import KeyRing
 from rag_stream.streaming.admission import Admission
 from rag_stream.streaming.coalesce import CoalescePolicy
+from rag_stream.streaming.quotas import Quotas
 from rag_stream.streaming.redis_conn import RedisHandle
 from rag_stream.streaming.service import Streams
 
@@ -42,6 +44,8 @@ class Resources:
     generation: GenerateKind
     coalescing: CoalescePolicy  # tokens per event, per request
     admission: Admission  # how many streams generate and wait here; 429 beyond
+    keys: KeyRing  # who is calling (api/deps.py get_caller)
+    quotas: Quotas  # per-tenant and per-key limits, across processes (Redis)
 
     @property
     def engine(self) -> Engine:

@@ -60,6 +60,25 @@ class EngineSettings(BaseModel):
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     max_num_seqs: int = Field(32, ge=1)
+    # "priority": requests that wait for the engine are taken interactive before batch
+    # (limits.long_prompt_tokens); "fcfs": in arrival order, whatever the request's class.
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    # Prompt and generated tokens the engine computes in one step (None: vLLM's default, 2048
+    # here). A long prefill is cut into steps of this size, and every running request waits for
+    # each step: smaller bounds interactive latency behind batch prefills, at some throughput.
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _step_holds_every_sequence(self) -> EngineSettings:
+        if (
+            self.max_num_batched_tokens is not None
+            and self.max_num_batched_tokens < self.max_num_seqs
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs}): each running sequence needs a token a step"
+            )
+        return self
 
 
 class LimitsSettings(BaseModel):
@@ -77,6 +96,19 @@ class LimitsSettings(BaseModel):
     max_active_streams: int = Field(64, ge=1)
     max_queued: int = Field(256, ge=0)
     retry_after_s: int = Field(2, ge=1)
+    # How many of the generating streams may be batch ones (None: any number). Each batch
+    # stream's prefills and decodes share every engine step with the interactive streams: with
+    # 2, interactive TTFT under a batch load stayed within 1.4x of idle (docs/benchmarks.md).
+    max_active_batch: int | None = Field(2, ge=1)
+    # A prompt of at least this many tokens runs as "batch" whatever the request asked: its
+    # prefill holds the engine for long, so it waits behind interactive requests; tenants named
+    # below may keep long prompts interactive.
+    long_prompt_tokens: int = Field(2048, ge=1)
+    long_prompt_interactive_tenants: list[str] = []
+    # Across every process sharing the Redis: streams one tenant generates at once, and
+    # requests one API key (or the open mode's tenant) makes per minute. None: no limit.
+    per_tenant_active: int | None = Field(None, ge=1)
+    requests_per_minute: int | None = Field(None, ge=1)
 
 
 class AnswersSettings(BaseModel):
@@ -136,10 +168,16 @@ class SecuritySettings(BaseModel):
     # listens on a loopback address, any name otherwise.
     trusted_hosts: list[str] | None = None
     # Who may read /metrics: anyone ("open"), clients on this machine only ("loopback"; behind a
-    # proxy on this machine, the forwarded client address counts), or nobody ("off": 404).
-    metrics: Literal["open", "loopback", "off"] = "open"
-    # The API's own description (/docs, /redoc, /openapi.json): served, or not at all.
-    docs: Literal["open", "off"] = "open"
+    # proxy on this machine, the forwarded client address counts), callers with an API key
+    # ("key"), or nobody ("off": 404).
+    metrics: Literal["open", "loopback", "key", "off"] = "open"
+    # The API's own description (/docs, /redoc, /openapi.json): served, served to callers with
+    # an API key ("key"), or not at all.
+    docs: Literal["open", "key", "off"] = "open"
+    # API keys (rag-stream keys create) are required once one exists, on a non-loopback
+    # address, or when this is set (the production profile sets it); otherwise the server runs
+    # open, as the single tenant "local".
+    require_keys: bool = False
 
 
 class KVSettings(BaseModel):
@@ -182,6 +220,20 @@ class IngestSettings(BaseModel):
         return self
 
 
+class VectorStoreSettings(BaseModel):
+    """Where chunk vectors live when no Qdrant server is set (``qdrant_url`` wins over both)."""
+
+    # "edge": qdrant-edge, Qdrant's engine in-process, with real payload and vector indexes
+    # (data_dir/vectors). "local": qdrant-client's local mode (data_dir/qdrant), which scans
+    # every point in Python: slow past a few thousand chunks, kept because it speaks the
+    # server's API, so the server code path is tested without a server.
+    backend: Literal["edge", "local"] = "edge"
+    # Edge builds its indexes only when asked (optimize): after writes once this many points
+    # are unindexed, and when writes have paused for optimize_idle_s. 0 in either: never then.
+    optimize_after_points: int = Field(20_000, ge=0)
+    optimize_idle_s: float = Field(30.0, ge=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -218,6 +270,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = IngestSettings()
     kv: KVSettings = KVSettings()
     security: SecuritySettings = SecuritySettings()
+    vector_store: VectorStoreSettings = VectorStoreSettings()
 
     @field_validator("database_url")
     @classmethod

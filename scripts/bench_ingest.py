@@ -37,9 +37,12 @@ from rag_stream.ingest.documents import DocumentDraft
 from rag_stream.ingest.parsing import parse_markdown
 from rag_stream.ingest.service import Ingestor
 from rag_stream.ingest.writer import IngestResult
+from rag_stream.retrieval.edge_store import EdgeBm25
 from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
+from rag_stream.retrieval.qdrant_store import QdrantVectorStore
 from rag_stream.retrieval.retriever import Retriever
-from rag_stream.retrieval.vector_store import QdrantVectorStore, VectorPoint
+from rag_stream.retrieval.vector_store import VectorPoint, VectorQuery
+from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.settings import IngestSettings, load_settings
 from rag_stream.store.db import create_db, upgrade
 from rag_stream.store.models import Chunk, Document, KnowledgeBase, new_id
@@ -85,8 +88,11 @@ class Stores:
         self.db_engine, self.sessions = create_db(self.url)
         self.vectors = QdrantVectorStore(AsyncQdrantClient(path=str(self.root / "qdrant")))
         await self.vectors.ensure(self.embedder.dimension)
-        self.ingestor = Ingestor(self.sessions, self.vectors, self.embedder, self.ingest)
-        self.retriever = Retriever(self.sessions, self.vectors, self.embedder)
+        sparse = EdgeBm25()
+        self.ingestor = Ingestor(
+            self.sessions, self.vectors, self.embedder, self.ingest, sparse=sparse
+        )
+        self.retriever = Retriever(self.sessions, self.vectors, self.embedder, sparse=sparse)
 
     async def new_kb(self) -> str:
         async with self.sessions() as session:
@@ -123,7 +129,7 @@ async def ingest_all(stores: Stores, kb: str, docs: list[str], batched: bool) ->
                 await batch.add(draft)
     else:
         for draft in drafts(docs):
-            count(None, await stores.ingestor.ingest(kb, draft))
+            count(None, await stores.ingestor.ingest(kb, draft, tenant=LOCAL_TENANT))
     return sum(created), time.perf_counter() - began
 
 
@@ -196,7 +202,7 @@ async def latency(
     qdrant: list[float] = []
     for vector in vectors:
         began = time.perf_counter()
-        await stores.vectors.search(kb, vector, 3 * top_k + 10)
+        await stores.vectors.search(kb, VectorQuery("dense", vector), 3 * top_k + 10)
         qdrant.append((time.perf_counter() - began) * 1000)
     return percentiles(full), percentiles(qdrant)
 

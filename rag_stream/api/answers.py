@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from rag_stream.api.deps import ResourcesDep
+from rag_stream.api.deps import ResourcesDep, TenantDep
 from rag_stream.schemas.answers import AnswerRequest, AnswerResponse
 from rag_stream.schemas.events import CitationBody
 from rag_stream.streaming.collect import Collected, collect
@@ -16,13 +16,14 @@ router = APIRouter(tags=["answers"])
 
 @router.post("/v1/answers", response_model=None)
 async def answer(
-    body: AnswerRequest, request: Request, resources: ResourcesDep
+    body: AnswerRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
 ) -> Response | AnswerResponse:
     kind, streams = resources.answers, resources.streams
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
-    with resources.admission.ticket(body.priority) as ticket:
-        run = await kind.accept(body, coalesce)
-        stream_id = await streams.start(kind, run, ticket=ticket)
+    async with resources.admission.ticket(body.priority, tenant) as ticket:
+        run = await kind.accept(body, coalesce, tenant)
+        ticket.priority = run.priority  # a long prompt waits as batch
+        stream_id = await streams.start(kind, run, ticket=ticket, tenant=tenant)
     if body.stream:
         batches = streams.follow_batches(stream_id)
         keepalive = resources.settings.streaming.keepalive_s

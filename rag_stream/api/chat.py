@@ -18,7 +18,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
 
 from rag_stream.api.chat_format import chat_completion, chat_frames
-from rag_stream.api.deps import ResourcesDep
+from rag_stream.api.deps import ResourcesDep, TenantDep
 from rag_stream.errors import ModelNotFound, NotFound
 from rag_stream.generation.engine import Sampling
 from rag_stream.generation.prompt import Turn
@@ -55,11 +55,12 @@ def _kb_of(model: str, resources: Resources) -> str | None:
 
 
 @router.get("/v1/models")
-async def models(resources: ResourcesDep) -> ModelList:
+async def models(resources: ResourcesDep, tenant: TenantDep) -> ModelList:
+    """The engine's model, and ``kb:<name>`` for each of the caller's knowledge bases."""
     served = resources.engines.get().model_name
     cards = [ModelCard(id=served, created=_STARTED, root=served, kb=None)]
     async with resources.sessions() as session:
-        kbs = await list_kbs(session)
+        kbs = await list_kbs(session, tenant=tenant)
     for stats in kbs:
         kb = stats.kb
         cards.append(
@@ -77,8 +78,9 @@ async def models(resources: ResourcesDep) -> ModelList:
 async def model(
     model_id: Annotated[str, Path(description="an id from GET /v1/models")],
     resources: ResourcesDep,
+    tenant: TenantDep,
 ) -> ModelCard:
-    for card in (await models(resources)).data:
+    for card in (await models(resources, tenant)).data:
         if model_id == card.id:
             return card
     raise ModelNotFound(
@@ -88,7 +90,7 @@ async def model(
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, resources: ResourcesDep
+    body: ChatCompletionRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
 ) -> Response:
     kb = _kb_of(body.model, resources)
     streams = resources.streams
@@ -98,26 +100,28 @@ async def chat_completions(
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
     base = str(resources.settings.public_url or request.base_url).rstrip("/")
     wire = ChatWire(model=body.model, kb=kb, chunk_url_base=base, include_usage=body.include_usage)
-    with resources.admission.ticket(body.priority) as ticket:
+    async with resources.admission.ticket(body.priority, tenant) as ticket:
         if kb is None:
             kind = resources.generation
             messages = [
                 {"role": "system" if m.role == "developer" else m.role, "content": m.text}
                 for m in body.messages
             ]
-            run = kind.accept_chat(messages, sampling, coalesce, body.stops)
-            stream_id = await streams.start(kind, run, wire.model_dump_json(), ticket)
+            run = kind.accept_chat(messages, sampling, coalesce, body.stops, body.priority, tenant)
+            ticket.priority = run.priority  # a long prompt waits as batch
+            stream_id = await streams.start(kind, run, wire.model_dump_json(), ticket, tenant)
         else:
             answers = resources.answers
             try:  # the KB is the only thing a question names that may not exist
-                arun = await answers.ask(_question(body, kb, sampling, coalesce))
+                arun = await answers.ask(_question(body, kb, tenant, sampling, coalesce))
             except NotFound:
                 raise ModelNotFound(
                     f"The model {body.model!r} does not exist: there is no knowledge base "
                     f"{kb!r} (GET /v1/models lists the models)",
                     param="model",
                 ) from None
-            stream_id = await streams.start(answers, arun, wire.model_dump_json(), ticket)
+            ticket.priority = arun.priority
+            stream_id = await streams.start(answers, arun, wire.model_dump_json(), ticket, tenant)
     headers = {"X-Stream-Id": stream_id}
     if body.stream:
         return sse_response(
@@ -130,7 +134,7 @@ async def chat_completions(
 
 
 def _question(
-    body: ChatCompletionRequest, kb: str, sampling: Sampling, coalesce: Coalesce
+    body: ChatCompletionRequest, kb: str, tenant: str, sampling: Sampling, coalesce: Coalesce
 ) -> Question:
     *earlier, last = body.messages
     instructions = "\n\n".join(
@@ -139,12 +143,15 @@ def _question(
     history = [Turn(m.role, m.text) for m in earlier if m.role in ("user", "assistant") and m.text]
     return Question(
         kb=kb,
+        tenant=tenant,
         text=last.text,
         history=history,
         sampling=sampling,
         coalesce=coalesce,
         top_k=body.top_k,
         mmr=body.mmr,
+        mode=body.mode,
         instructions=instructions or None,
         stop=body.stops,
+        priority=body.priority,
     )

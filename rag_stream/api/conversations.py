@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from rag_stream.api.deps import SessionDep
+from rag_stream.api.deps import SessionDep, TenantDep
 from rag_stream.schemas.answers import ConversationOut, MessageOut
 from rag_stream.store.conversations import get_conversation
 
@@ -12,8 +12,10 @@ router = APIRouter(tags=["conversations"])
 
 
 @router.get("/v1/conversations/{conversation_id}")
-async def conversation(conversation_id: str, session: SessionDep) -> ConversationOut:
-    conv = await get_conversation(session, conversation_id)
+async def conversation(
+    conversation_id: str, session: SessionDep, tenant: TenantDep
+) -> ConversationOut:
+    conv = await get_conversation(session, conversation_id, tenant=tenant)
     return ConversationOut(
         id=conv.id,
         kb_id=conv.kb_id,

@@ -6,12 +6,14 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from rag_stream.ingest.service import Ingestor
 from rag_stream.resources import Resources
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.settings import Settings
+from rag_stream.store.keys import KeyOwner
 from rag_stream.streaming.service import Streams
 
 
@@ -45,8 +47,29 @@ async def get_session(resources: ResourcesDep) -> AsyncIterator[AsyncSession]:
         yield session
 
 
+_bearer = HTTPBearer(auto_error=False, description="an API key from `rag-stream keys create`")
+
+
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+async def get_caller(resources: ResourcesDep, credentials: BearerDep) -> KeyOwner:
+    """The caller's key and tenant (401 without a valid key once keys are required), counted
+    against its per-minute limit (429 past it)."""
+    owner = await resources.keys.owner(credentials.credentials if credentials else None)
+    await resources.quotas.count_request(owner.key_id)
+    return owner
+
+
+async def get_tenant(caller: Annotated[KeyOwner, Depends(get_caller)]) -> str:
+    return caller.tenant
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StreamsDep = Annotated[Streams, Depends(get_streams)]
 IngestorDep = Annotated[Ingestor, Depends(get_ingestor)]
 RetrieverDep = Annotated[Retriever, Depends(get_retriever)]
 SessionDep = Annotated[AsyncSession, Depends(get_session)]
+CallerDep = Annotated[KeyOwner, Depends(get_caller)]
+# The tenant every id a route reads or writes must belong to (another tenant's: 404).
+TenantDep = Annotated[str, Depends(get_tenant)]

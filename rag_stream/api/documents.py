@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
-from rag_stream.api.deps import IngestorDep, SessionDep, SettingsDep
+from rag_stream.api.deps import IngestorDep, SessionDep, SettingsDep, TenantDep
 from rag_stream.api.uploads import metadata_field, read_body, read_upload
 from rag_stream.errors import InvalidRequest, UnsupportedMediaType
 from rag_stream.ingest.documents import DocumentDraft, parse_upload
@@ -118,10 +118,12 @@ async def upload_document(
     response: Response,
     settings: SettingsDep,
     ingestor: IngestorDep,
+    tenant: TenantDep,
 ) -> IngestOut:
-    found = await ingestor.resolve_kb(kb)  # an unknown kb is a 404 before the body is read
+    # an unknown kb (or another tenant's) is a 404 before the body is read
+    found = await ingestor.resolve_kb(kb, tenant=tenant)
     draft = await _draft(request, settings.ingest)
-    result = await ingestor.ingest(found.id, draft)
+    result = await ingestor.ingest(found.id, draft, tenant=tenant)
     if not result.created:
         response.status_code = 200
     return IngestOut(
@@ -135,10 +137,11 @@ async def upload_document(
 async def list_documents(
     kb: str,
     session: SessionDep,
+    tenant: TenantDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 20,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> DocumentPage:
-    found = await repo.resolve_kb(session, kb)
+    found = await repo.resolve_kb(session, kb, tenant=tenant)
     docs, total = await repo.list_documents(session, found.id, limit, offset)
     return DocumentPage(
         data=[DocumentOut(**document_out(d)) for d in docs],
@@ -151,9 +154,9 @@ async def list_documents(
 
 @router.get("/{doc}")
 async def get_document(
-    kb: str, doc: str, session: SessionDep, include_chunks: bool = False
+    kb: str, doc: str, session: SessionDep, tenant: TenantDep, include_chunks: bool = False
 ) -> DocumentDetail:
-    found = await repo.resolve_kb(session, kb)
+    found = await repo.resolve_kb(session, kb, tenant=tenant)
     document = await repo.get_document(session, found.id, doc)
     chunks = None
     if include_chunks:
@@ -173,6 +176,6 @@ async def get_document(
 
 
 @router.delete("/{doc}", status_code=204)
-async def delete_document(kb: str, doc: str, ingestor: IngestorDep) -> Response:
-    await ingestor.delete_document(kb, doc)
+async def delete_document(kb: str, doc: str, ingestor: IngestorDep, tenant: TenantDep) -> Response:
+    await ingestor.delete_document(kb, doc, tenant=tenant)
     return Response(status_code=204)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from rag_stream.api.deps import ResourcesDep
+from rag_stream.api.deps import ResourcesDep, TenantDep
 from rag_stream.schemas.generate import GenerateRequest, GenerateResponse
 from rag_stream.streaming.collect import Collected, collect
 from rag_stream.streaming.sse import event_stream_response
@@ -15,12 +15,14 @@ router = APIRouter(tags=["generate"])
 
 @router.post("/v1/generate", response_model=None)
 async def generate(
-    body: GenerateRequest, request: Request, resources: ResourcesDep
+    body: GenerateRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
 ) -> Response | GenerateResponse:
     kind, streams = resources.generation, resources.streams
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
-    with resources.admission.ticket(body.priority) as ticket:
-        stream_id = await streams.start(kind, kind.accept(body, coalesce), ticket=ticket)
+    async with resources.admission.ticket(body.priority, tenant) as ticket:
+        run = kind.accept(body, coalesce, tenant)
+        ticket.priority = run.priority  # a long prompt waits as batch
+        stream_id = await streams.start(kind, run, ticket=ticket, tenant=tenant)
     if body.stream:
         batches = streams.follow_batches(stream_id)
         keepalive = resources.settings.streaming.keepalive_s

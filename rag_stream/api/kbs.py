@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from rag_stream.api.deps import IngestorDep, SessionDep
+from rag_stream.api.deps import IngestorDep, SessionDep, TenantDep
 from rag_stream.api.documents import document_out
 from rag_stream.schemas.kbs import ChunkDetail, DocumentOut, KbCreate, KbList, KbOut
 from rag_stream.store import repositories as repo
@@ -26,27 +26,27 @@ def kb_out(stats: KbStats) -> KbOut:
 
 
 @router.post("", status_code=201)
-async def create_kb(body: KbCreate, session: SessionDep) -> KbOut:
-    kb = await repo.create_kb(session, body.name, body.description)
+async def create_kb(body: KbCreate, session: SessionDep, tenant: TenantDep) -> KbOut:
+    kb = await repo.create_kb(session, body.name, body.description, tenant=tenant)
     return kb_out(KbStats(kb, 0, 0))
 
 
 @router.get("")
-async def list_kbs(session: SessionDep) -> KbList:
-    return KbList(data=[kb_out(s) for s in await repo.list_kbs(session)])
+async def list_kbs(session: SessionDep, tenant: TenantDep) -> KbList:
+    return KbList(data=[kb_out(s) for s in await repo.list_kbs(session, tenant=tenant)])
 
 
 @router.get("/{kb}")
-async def get_kb(kb: str, session: SessionDep) -> KbOut:
-    found = await repo.resolve_kb(session, kb)
+async def get_kb(kb: str, session: SessionDep, tenant: TenantDep) -> KbOut:
+    found = await repo.resolve_kb(session, kb, tenant=tenant)
     (stats,) = await repo.kb_stats(session, [found])
     return kb_out(stats)
 
 
 @router.get("/{kb}/chunks/{chunk_id}")
-async def get_chunk(kb: str, chunk_id: str, session: SessionDep) -> ChunkDetail:
+async def get_chunk(kb: str, chunk_id: str, session: SessionDep, tenant: TenantDep) -> ChunkDetail:
     """One chunk and its document: where a chat completion's citation URLs point."""
-    found = await repo.resolve_kb(session, kb)
+    found = await repo.resolve_kb(session, kb, tenant=tenant)
     chunk, doc = await repo.get_chunk(session, found.id, chunk_id)
     return ChunkDetail(
         id=chunk.id,
@@ -62,6 +62,6 @@ async def get_chunk(kb: str, chunk_id: str, session: SessionDep) -> ChunkDetail:
 
 
 @router.delete("/{kb}", status_code=204)
-async def delete_kb(kb: str, ingestor: IngestorDep) -> Response:
-    await ingestor.delete_kb(kb)
+async def delete_kb(kb: str, ingestor: IngestorDep, tenant: TenantDep) -> Response:
+    await ingestor.delete_kb(kb, tenant=tenant)
     return Response(status_code=204)

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 
 from rag_stream.api.browser_guard import is_loopback
-from rag_stream.api.deps import ResourcesDep
+from rag_stream.api.deps import BearerDep, ResourcesDep
 from rag_stream.errors import NotFound
 from rag_stream.kv.metrics import kv_stats
 
@@ -18,11 +18,13 @@ router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics")
-async def metrics(request: Request, resources: ResourcesDep) -> Response:
+async def metrics(request: Request, resources: ResourcesDep, bearer: BearerDep) -> Response:
     exposure = resources.settings.security.metrics
     client = request.client.host if request.client else ""
     if exposure == "off" or (exposure == "loopback" and not is_loopback(client)):
         raise NotFound("not found")  # as if there were no such route
+    if exposure == "key":
+        await resources.keys.owner(bearer.credentials if bearer else None)
     m = resources.metrics
     # the KV connector runs in the engine process and keeps its counters in Redis
     if resources.kv_redis is not None:

@@ -6,22 +6,25 @@ import time
 
 from fastapi import APIRouter
 
-from rag_stream.api.deps import RetrieverDep
+from rag_stream.api.deps import RetrieverDep, TenantDep
 from rag_stream.schemas.kbs import SearchRequest, SearchResponse, SearchResult
 
 router = APIRouter(prefix="/v1/kbs", tags=["search"])
 
 
 @router.post("/{kb}/search")
-async def search(kb: str, body: SearchRequest, retriever: RetrieverDep) -> SearchResponse:
+async def search(
+    kb: str, body: SearchRequest, retriever: RetrieverDep, tenant: TenantDep
+) -> SearchResponse:
     began = time.perf_counter()
     hits = await retriever.search(
-        await retriever.kb_id(kb),
+        await retriever.kb_id(kb, tenant=tenant),
         body.query,
         body.top_k,
         meta_filter=body.filter,
         score_threshold=body.score_threshold,
         mmr=body.mmr,
+        mode=body.mode,
     )
     return SearchResponse(
         results=[

@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 
 from rag_stream.api.chat_format import chat_frames, chat_wire
-from rag_stream.api.deps import SettingsDep, StreamsDep
+from rag_stream.api.deps import SettingsDep, StreamsDep, TenantDep
 from rag_stream.errors import InvalidRequest
 from rag_stream.schemas.streams import (
     EVENT_ID_MAX,
@@ -70,6 +70,7 @@ async def stream_events(
     stream_id: str,
     streams: StreamsDep,
     settings: SettingsDep,
+    tenant: TenantDep,
     last_event_id_header: Annotated[
         str | None,
         Header(
@@ -87,7 +88,7 @@ async def stream_events(
     ] = None,
 ) -> Response:
     cursor = _cursor(last_event_id_header, last_event_id)
-    meta = await streams.check_cursor(stream_id, cursor)
+    meta = await streams.check_cursor(stream_id, cursor, tenant=tenant)
     if meta.wire is None:
         events = streams.follow_batches(stream_id, cursor)
         return event_stream_response(events, settings.streaming.keepalive_s)
@@ -98,13 +99,13 @@ async def stream_events(
 
 
 @router.get("/v1/streams/{stream_id}")
-async def stream_status(stream_id: str, streams: StreamsDep) -> StreamStatus:
-    return _status(await streams.status(stream_id))
+async def stream_status(stream_id: str, streams: StreamsDep, tenant: TenantDep) -> StreamStatus:
+    return _status(await streams.status(stream_id, tenant=tenant))
 
 
 @router.post("/v1/streams/{stream_id}/cancel")
-async def cancel_stream(stream_id: str, streams: StreamsDep) -> CancelResponse:
-    outcome = await streams.cancel(stream_id)
+async def cancel_stream(stream_id: str, streams: StreamsDep, tenant: TenantDep) -> CancelResponse:
+    outcome = await streams.cancel(stream_id, tenant=tenant)
     return CancelResponse(
         stream_id=stream_id,
         cancelled=outcome.cancelled,

@@ -16,6 +16,8 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False  # keep generating past end-of-sequence (benchmarks: fixed lengths)
+    # Waiting requests are taken lowest first (generation/priority.py): 0 interactive, 1 batch.
+    priority: int = 0
 
 
 @dataclass(frozen=True)

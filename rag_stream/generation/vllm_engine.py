@@ -38,6 +38,9 @@ class VLLMEngine:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.stop_token_ids = frozenset([eos] if isinstance(eos, int) else [])
         self.cache_block_size = int(llm.vllm_config.cache_config.block_size or 16)
+        # Under "fcfs" vLLM takes requests in arrival order; a priority is then meaningless, and
+        # older vLLM versions refuse one, so none is sent.
+        self._priorities = llm.vllm_config.scheduler_config.policy == "priority"
 
     @classmethod
     async def start(cls, settings: Settings, **engine_overrides: Any) -> VLLMEngine:
@@ -59,6 +62,8 @@ class VLLMEngine:
                 enable_prefix_caching=cfg.enable_prefix_caching,
                 enforce_eager=cfg.enforce_eager,
                 max_num_seqs=cfg.max_num_seqs,
+                scheduling_policy=cfg.scheduling_policy,
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
                 kv_cache_memory_bytes=int(cfg.kv_cache_gb * (1 << 30)),
                 # On the CPU backend this reserves a share of node memory; the KV size above
                 # is what we actually want, so keep the reservation check permissive.
@@ -109,7 +114,12 @@ class VLLMEngine:
             output_kind=RequestOutputKind.DELTA,
         )
         try:
-            stream = self._llm.generate({"prompt_token_ids": ids}, params, request_id=request_id)
+            stream = self._llm.generate(
+                {"prompt_token_ids": ids},
+                params,
+                request_id=request_id,
+                priority=sampling.priority if self._priorities else 0,
+            )
             async for out in stream:
                 completion = out.outputs[0]
                 reason = completion.finish_reason if out.finished else None

@@ -64,17 +64,21 @@ def collect_files(paths: Iterable[Path]) -> tuple[list[Path], list[Path]]:
 
 
 async def ensure_kb(
-    sessions: async_sessionmaker[AsyncSession], name: str, description: str | None = None
+    sessions: async_sessionmaker[AsyncSession],
+    name: str,
+    description: str | None = None,
+    *,
+    tenant: str,
 ) -> KnowledgeBase:
     async with sessions() as session:
         try:
-            return await repo.resolve_kb(session, name)
+            return await repo.resolve_kb(session, name, tenant=tenant)
         except NotFound:
             pass
         try:
-            return await repo.create_kb(session, name, description)
+            return await repo.create_kb(session, name, description, tenant=tenant)
         except Conflict:  # created meanwhile by someone else
-            return await repo.resolve_kb(session, name)
+            return await repo.resolve_kb(session, name, tenant=tenant)
 
 
 async def ingest_files(

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.ingest.files import IngestSummary, collect_files, ensure_kb, ingest_files
 from rag_stream.ingest.service import Ingestor
+from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.settings import PROJECT_ROOT, Settings
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,12 @@ async def ingest_sample_kb(
     if files is None:
         log.info("sample kb: %s not found; skipped", docs_dir)
         return None
-    kb = await ensure_kb(sessions, SAMPLE_KB_NAME, "rag-stream's own documentation (sample)")
+    kb = await ensure_kb(
+        sessions,
+        SAMPLE_KB_NAME,
+        "rag-stream's own documentation (sample)",
+        tenant=LOCAL_TENANT,  # the open mode's tenant (a key for "local" reaches it too)
+    )
     summary = await ingest_files(
         ingestor, kb.id, files, source_for=lambda p: p.relative_to(docs_dir.parent).as_posix()
     )

@@ -30,6 +30,7 @@ from rag_stream.ingest.locks import KeyedLocks
 from rag_stream.ingest.parsing import ParsedText
 from rag_stream.ingest.writer import DocumentWriter, IngestResult
 from rag_stream.retrieval.embedder import Embedder
+from rag_stream.retrieval.sparse import SparseEncoder
 from rag_stream.retrieval.vector_store import VectorStore
 from rag_stream.settings import IngestSettings
 from rag_stream.store import repositories as repo
@@ -43,11 +44,15 @@ class Ingestor:
         vectors: VectorStore,
         embedder: Embedder,
         settings: IngestSettings,
+        *,
+        sparse: SparseEncoder,
     ) -> None:
         self._sessions = sessions
         self.settings = settings
         self._preparer = DocumentPreparer(sessions, embedder, settings)
-        self._writer = DocumentWriter(sessions, vectors, embedder, settings.embed_batch_size)
+        self._writer = DocumentWriter(
+            sessions, vectors, embedder, settings.embed_batch_size, sparse
+        )
         self._wave_chunks = 8 * settings.embed_batch_size
         self._locks = KeyedLocks()
 
@@ -56,14 +61,15 @@ class Ingestor:
         """The longest chunk, in embedder tokens."""
         return self._preparer.max_tokens
 
-    async def resolve_kb(self, kb_ref: str) -> KnowledgeBase:
-        """The knowledge base whose id or name is ``kb_ref``; NotFound if there is none."""
+    async def resolve_kb(self, kb_ref: str, *, tenant: str) -> KnowledgeBase:
+        """The tenant's knowledge base whose id or name is ``kb_ref``; NotFound if there is
+        none."""
         async with self._sessions() as session:
-            return await repo.resolve_kb(session, kb_ref)
+            return await repo.resolve_kb(session, kb_ref, tenant=tenant)
 
-    async def ingest(self, kb_ref: str, draft: DocumentDraft) -> IngestResult:
+    async def ingest(self, kb_ref: str, draft: DocumentDraft, *, tenant: str) -> IngestResult:
         digest = content_hash(require_text(draft))
-        kb_id = (await self.resolve_kb(kb_ref)).id
+        kb_id = (await self.resolve_kb(kb_ref, tenant=tenant)).id
         keys = [f"{kb_id}/hash/{digest}"]
         if draft.source:
             keys.append(f"{kb_id}/source/{draft.source}")
@@ -82,12 +88,12 @@ class Ingestor:
         commits on its own."""
         return IngestBatch(self._preparer, self._writer, kb_id, on_outcome, self._wave_chunks)
 
-    async def delete_document(self, kb_ref: str, doc_id: str) -> None:
-        kb_id = (await self.resolve_kb(kb_ref)).id
+    async def delete_document(self, kb_ref: str, doc_id: str, *, tenant: str) -> None:
+        kb_id = (await self.resolve_kb(kb_ref, tenant=tenant)).id
         await self._writer.delete_document(kb_id, doc_id)
 
-    async def delete_kb(self, kb_ref: str) -> None:
-        kb_id = (await self.resolve_kb(kb_ref)).id
+    async def delete_kb(self, kb_ref: str, *, tenant: str) -> None:
+        kb_id = (await self.resolve_kb(kb_ref, tenant=tenant)).id
         await self._writer.delete_kb(kb_id)
 
     async def chunk(self, parsed: ParsedText) -> list[ChunkSpan]:

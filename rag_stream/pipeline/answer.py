@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Literal
 
@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.errors import InvalidRequest, PayloadTooLarge
 from rag_stream.generation.engine import Sampling
+from rag_stream.generation.priority import ENGINE_PRIORITY, PriorityClass, priority_class
 from rag_stream.generation.prompt import PromptLayout, Turn, layout
 from rag_stream.generation.sampling import fit_to_window, sampling_for
 from rag_stream.generation.slot import EngineSlot
@@ -34,6 +35,7 @@ from rag_stream.retrieval.retriever import Retriever, SearchHit
 from rag_stream.schemas.answers import AnswerRequest
 from rag_stream.schemas.events import Citation, CitationBody, Done, Event, FinishReason
 from rag_stream.schemas.generate import Coalesce
+from rag_stream.schemas.kbs import SearchMode
 from rag_stream.settings import AnswersSettings, LimitsSettings
 from rag_stream.store.conversations import get_conversation, save_answer
 from rag_stream.store.models import new_id
@@ -61,15 +63,18 @@ class Question:
     completions): the history comes from a stored conversation or from the request's messages."""
 
     kb: str  # name or id
+    tenant: str  # whose KB and conversation (another tenant's: 404)
     text: str
     history: Sequence[Turn]
     sampling: Sampling
     coalesce: Coalesce
     top_k: int | None = None  # None: answers.default_top_k
     mmr: bool = False
+    mode: SearchMode = "hybrid"  # how retrieval searches (schemas/kbs.py)
     conversation_id: str | None = None  # continue this stored conversation
     instructions: str | None = None  # the client's system messages, after ours
     stop: Sequence[str] = ()
+    priority: PriorityClass = "interactive"  # as asked; a long prompt runs as batch
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class AnswerJob:
     mmr: bool
     coalesce: Coalesce
     stop: list[str]
+    mode: SearchMode = "hybrid"
 
 
 def cited_markers(text: str, sources: int) -> list[int]:
@@ -115,6 +121,7 @@ class AnswerRun:
     plan: AnswerPlan | None = None
     out: TokenOutput = field(default_factory=TokenOutput)
     accepted_at: float = field(default_factory=time.monotonic)
+    priority: PriorityClass = "interactive"  # for the admission ticket (a continuation has none)
 
     async def run(self, ctx: StreamContext) -> FinishReason:
         engine = await self.kind.engines.wait()
@@ -137,7 +144,9 @@ class AnswerRun:
         search = None
         if job.top_k:
             retriever = self.kind.retriever
-            search = partial(retriever.search, job.kb_id, job.question, job.top_k, mmr=job.mmr)
+            search = partial(
+                retriever.search, job.kb_id, job.question, job.top_k, mmr=job.mmr, mode=job.mode
+            )
         found = await retrieve_while_prefilling(
             engine,
             ctx.run_id,
@@ -146,6 +155,7 @@ class AnswerRun:
             job.sampling.max_tokens,
             self.kind.cfg.overlap,
             send_citations,
+            job.sampling.priority,
         )
         ctx.check()
         return AnswerPlan.of(
@@ -181,6 +191,7 @@ class AnswerRun:
         )
         await save_answer(
             self.kind.sessions,
+            tenant=ctx.tenant,
             stream_id=ctx.stream_id,
             model=self.model,
             kb_id=plan.kb_id,
@@ -214,26 +225,29 @@ class AnswerKind:
         self.cfg = cfg
         self.limits = limits
 
-    async def accept(self, body: AnswerRequest, coalesce: Coalesce) -> AnswerRun:
+    async def accept(self, body: AnswerRequest, coalesce: Coalesce, tenant: str) -> AnswerRun:
         """Check the request, find the conversation's history, and accept the question."""
         accepted_at = time.monotonic()
         history: list[Turn] = []
         if body.conversation_id:
             async with self.sessions() as session:
-                conv = await get_conversation(session, body.conversation_id)
+                conv = await get_conversation(session, body.conversation_id, tenant=tenant)
             history = [Turn(m.role, m.content) for m in conv.messages if m.content]
         sampling = sampling_for(
             self.limits, body.max_tokens, body.temperature, body.top_p, body.seed
         )
         question = Question(
             kb=body.kb,
+            tenant=tenant,
             text=body.question,
             history=history,
             sampling=sampling,
             coalesce=coalesce,
             top_k=body.top_k,
             mmr=body.mmr,
+            mode=body.mode,
             conversation_id=body.conversation_id,
+            priority=body.priority,
         )
         return await self.ask(question, accepted_at)
 
@@ -252,20 +266,32 @@ class AnswerKind:
         if top_k > cfg.max_top_k:
             raise InvalidRequest(f"top_k must be between 0 and {cfg.max_top_k}, got {top_k}")
         async with self.sessions() as session:
-            kb = await resolve_kb(session, q.kb)
+            kb = await resolve_kb(session, q.kb, tenant=q.tenant)
         lay = layout(engine, q.history, question, cfg.history_budget_tokens, q.instructions)
+        ids = lay.full_ids(engine, [])  # the sources are not known yet: they come on top
+        priority = priority_class(q.priority, len(ids), q.tenant, self.limits)
         job = AnswerJob(
             kb_id=kb.id,
             question=question,
             layout=lay,
             top_k=top_k,
-            sampling=fit_to_window(engine, lay.full_ids(engine, []), q.sampling),
+            sampling=replace(
+                fit_to_window(engine, ids, q.sampling), priority=ENGINE_PRIORITY[priority]
+            ),
             mmr=q.mmr,
+            mode=q.mode,
             coalesce=q.coalesce,
             stop=list(q.stop),
         )
         conversation_id = q.conversation_id or new_id()
-        return AnswerRun(self, engine.model_name, conversation_id, job=job, accepted_at=accepted_at)
+        return AnswerRun(
+            self,
+            engine.model_name,
+            conversation_id,
+            job=job,
+            accepted_at=accepted_at,
+            priority=priority,
+        )
 
     async def can_continue(self, meta: StreamMeta) -> bool:
         return (await self.engines.wait()).model_name == meta.model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import ValidationError
@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.errors import PayloadTooLarge
 from rag_stream.generation.engine import Engine, Sampling
+from rag_stream.generation.priority import ENGINE_PRIORITY, PriorityClass, priority_class
 from rag_stream.generation.sampling import fit_to_window, sampling_for
 from rag_stream.generation.slot import EngineSlot
 from rag_stream.metrics import Metrics
@@ -41,6 +42,7 @@ class GenerateRun:
     conversation_id: str | None = None
     first: bool = True
     accepted_at: float = field(default_factory=time.monotonic)
+    priority: PriorityClass = "interactive"  # for the admission ticket (a continuation has none)
 
     async def run(self, ctx: StreamContext) -> FinishReason:
         engine = await self.kind.engines.wait()
@@ -56,6 +58,7 @@ class GenerateRun:
         async with self.kind.sessions() as session:
             await record_stream(
                 session,
+                tenant=ctx.tenant,
                 stream_id=ctx.stream_id,
                 kind=self.kind.name,
                 model=self.model,
@@ -90,7 +93,7 @@ class GenerateKind:
         self.metrics = metrics
         self.limits = limits
 
-    def accept(self, body: GenerateRequest, coalesce: Coalesce) -> GenerateRun:
+    def accept(self, body: GenerateRequest, coalesce: Coalesce, tenant: str) -> GenerateRun:
         """Check the request against the limits and the window; plan its generation."""
         engine = self.engines.get()
         self._check_size(len(body.prompt))
@@ -100,7 +103,7 @@ class GenerateKind:
         text = body.prompt
         if body.chat:
             text = engine.chat_prompt([{"role": "user", "content": body.prompt}])
-        return self._run(engine, text, sampling, coalesce, stop=[])
+        return self._run(engine, text, sampling, coalesce, [], body.priority, tenant)
 
     def accept_chat(
         self,
@@ -108,11 +111,14 @@ class GenerateKind:
         sampling: Sampling,
         coalesce: Coalesce,
         stop: Sequence[str],
+        priority: PriorityClass,
+        tenant: str,
     ) -> GenerateRun:
         """Generate the assistant's next message after ``messages`` (role/content pairs)."""
         engine = self.engines.get()
         self._check_size(sum(len(m["content"]) for m in messages))
-        return self._run(engine, engine.chat_prompt(messages), sampling, coalesce, stop)
+        text = engine.chat_prompt(messages)
+        return self._run(engine, text, sampling, coalesce, stop, priority, tenant)
 
     def _check_size(self, chars: int) -> None:
         if chars > self.limits.max_prompt_chars:
@@ -127,12 +133,14 @@ class GenerateKind:
         sampling: Sampling,
         coalesce: Coalesce,
         stop: Sequence[str],
+        requested: PriorityClass,
+        tenant: str,
     ) -> GenerateRun:
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
-        plan = GeneratePlan.of(
-            ids, fit_to_window(engine, ids, sampling), coalesce=coalesce, stop=list(stop)
-        )
-        return GenerateRun(self, plan, engine.model_name)
+        priority = priority_class(requested, len(ids), tenant, self.limits)
+        fitted = replace(fit_to_window(engine, ids, sampling), priority=ENGINE_PRIORITY[priority])
+        plan = GeneratePlan.of(ids, fitted, coalesce=coalesce, stop=list(stop))
+        return GenerateRun(self, plan, engine.model_name, priority=priority)
 
     async def can_continue(self, meta: StreamMeta) -> bool:
         return (await self.engines.wait()).model_name == meta.model

@@ -26,6 +26,7 @@ class TokenPlan(BaseModel):
     coalesce: Coalesce = Coalesce()  # a takeover keeps the stream's tokens per event
     stop: list[str] = []  # stop sequences: the answer ends before the first one
     ignore_eos: bool = False
+    priority: int = 0  # the engine's order for waiting requests: a takeover keeps its class
 
     def sampling(self, already_generated: int = 0) -> Sampling:
         return Sampling(
@@ -34,6 +35,7 @@ class TokenPlan(BaseModel):
             top_p=self.top_p,
             seed=self.seed,
             ignore_eos=self.ignore_eos,
+            priority=self.priority,
         )
 
     @classmethod
@@ -46,6 +48,7 @@ class TokenPlan(BaseModel):
                 "top_p": sampling.top_p,
                 "seed": sampling.seed,
                 "ignore_eos": sampling.ignore_eos,
+                "priority": sampling.priority,
                 **extra,
             }
         )

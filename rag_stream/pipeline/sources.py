@@ -28,8 +28,8 @@ class Retrieved:
     retrieval_ms: float
 
 
-async def _prefill(engine: Engine, request_id: str, ids: list[int]) -> None:
-    async for _ in engine.generate(request_id, ids, Sampling(max_tokens=1)):
+async def _prefill(engine: Engine, request_id: str, ids: list[int], priority: int) -> None:
+    async for _ in engine.generate(request_id, ids, Sampling(max_tokens=1, priority=priority)):
         pass
 
 
@@ -41,15 +41,18 @@ async def retrieve_while_prefilling(
     max_tokens: int,
     overlap: bool,
     on_sources: Callable[[Retrieved], None],
+    priority: int = 0,
 ) -> Retrieved:
-    """Search (``None``: nothing to search) while the stable prompt is prefilled; call
-    ``on_sources`` as soon as the sources are known (before the prefill ends), then wait for
-    the prefill."""
+    """Search (``None``: nothing to search) while the stable prompt is prefilled (at the
+    answer's engine ``priority``); call ``on_sources`` as soon as the sources are known (before
+    the prefill ends), then wait for the prefill."""
     block = engine.cache_block_size
     cacheable = layout.stable_ids[: len(layout.stable_ids) // block * block]
     prefill: asyncio.Task[None] | None = None
     if overlap and search is not None and cacheable:
-        prefill = asyncio.create_task(_prefill(engine, f"{request_id}:prefill", cacheable))
+        prefill = asyncio.create_task(
+            _prefill(engine, f"{request_id}:prefill", cacheable, priority)
+        )
     try:
         started = time.monotonic()
         hits = await search() if search is not None else []

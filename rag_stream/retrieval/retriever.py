@@ -1,4 +1,5 @@
-"""Search a knowledge base: embed the query, search Qdrant, join the live chunk rows from SQL.
+"""Search a knowledge base: encode the query (dense and BM25, as the mode needs), search the
+vector store, join the live chunk rows from SQL.
 
 INTERFACE CONTRACT (used by the answers pipeline): ``Retriever.search`` returns hits best first,
 each carrying everything a citation needs.
@@ -14,8 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.retrieval.embedder import Embedder
 from rag_stream.retrieval.mmr import mmr_order
-from rag_stream.retrieval.vector_store import VectorHit, VectorStore
-from rag_stream.schemas.kbs import MetaValue
+from rag_stream.retrieval.sparse import SparseEncoder
+from rag_stream.retrieval.vector_store import VectorHit, VectorQuery, VectorStore
+from rag_stream.schemas.kbs import MetaValue, SearchMode
 from rag_stream.store.repositories import live_chunks, resolve_kb
 
 # Qdrant may still hold vectors of a version being replaced (or of a failed ingestion being
@@ -44,15 +46,19 @@ class Retriever:
         sessions: async_sessionmaker[AsyncSession],
         vectors: VectorStore,
         embedder: Embedder,
+        *,
+        sparse: SparseEncoder,
     ) -> None:
         self._sessions = sessions
         self._vectors = vectors
         self._embedder = embedder
+        self._sparse = sparse
 
-    async def kb_id(self, kb_ref: str) -> str:
-        """The id of the knowledge base named (or with the id) ``kb_ref``; 404 if none."""
+    async def kb_id(self, kb_ref: str, *, tenant: str) -> str:
+        """The id of the tenant's knowledge base named (or with the id) ``kb_ref``; 404 if
+        none."""
         async with self._sessions() as session:
-            return (await resolve_kb(session, kb_ref)).id
+            return (await resolve_kb(session, kb_ref, tenant=tenant)).id
 
     async def search(
         self,
@@ -63,18 +69,23 @@ class Retriever:
         meta_filter: Mapping[str, MetaValue] | None = None,
         score_threshold: float | None = None,
         mmr: bool = False,
+        mode: SearchMode = "hybrid",
     ) -> list[SearchHit]:
         """Best hits first. ``meta_filter`` matches document metadata, every key (a list means
-        any of; see ``VectorStore.search``); ``mmr`` reorders candidates for diversity (scores
-        stay the query similarity)."""
+        any of; see ``VectorStore.search``); ``score_threshold`` is a minimum cosine
+        similarity under the embedder, in every mode; ``mmr`` reorders candidates for diversity
+        (scores stay what ranked them). A query of stop words only has no BM25 terms: hybrid
+        then searches dense alone, and sparse finds nothing."""
         if top_k <= 0 or not query.strip():
             return []
-        query_vector = (await self._embedder.embed([query]))[0]
+        vector_query = await self._encode(query, mode, need_dense=score_threshold is not None)
+        if vector_query is None:
+            return []
         limit = min(_MAX_CANDIDATES, _OVERSAMPLE * top_k + _OVERSAMPLE_EXTRA)
         while True:
             hits = await self._vectors.search(
                 kb_id,
-                query_vector,
+                vector_query,
                 limit,
                 meta_filter=meta_filter,
                 score_threshold=score_threshold,
@@ -88,7 +99,7 @@ class Retriever:
                 break
             limit = min(_MAX_CANDIDATES, limit * 2)
         if mmr:
-            live = _diversify(live, top_k)
+            live = _diversify(live, top_k, relative=vector_query.mode != "dense")
         results = []
         for hit in live[:top_k]:
             chunk, title = rows[hit.chunk_id]
@@ -106,11 +117,30 @@ class Retriever:
             )
         return results
 
+    async def _encode(self, query: str, mode: SearchMode, need_dense: bool) -> VectorQuery | None:
+        sparse = None
+        if mode != "dense":
+            sparse = self._sparse.encode_query(query)  # microseconds: no thread needed
+            if not sparse:
+                if mode == "sparse":
+                    return None
+                mode, sparse = "dense", None
+        dense = None
+        if mode != "sparse" or need_dense:
+            dense = (await self._embedder.embed([query]))[0]
+        return VectorQuery(mode, dense, sparse)
 
-def _diversify(hits: list[VectorHit], top_k: int) -> list[VectorHit]:
+
+def _diversify(hits: list[VectorHit], top_k: int, relative: bool) -> list[VectorHit]:
+    """MMR over the candidates. Its relevance is the cosine in dense mode; fused and BM25
+    scores are on other scales, so there each is taken relative to the best (1.0 for the top
+    hit), which keeps relevance and the similarity penalty comparable."""
     with_vectors = [h for h in hits if h.vector is not None]
     if len(with_vectors) != len(hits) or len(hits) <= 1:
         return hits
     matrix = np.asarray([h.vector for h in hits], dtype=np.float32)
-    order = mmr_order([h.score for h in hits], matrix, top_k, MMR_DIVERSITY)
+    relevance = [h.score for h in hits]
+    if relative and relevance[0] > 0:
+        relevance = [r / relevance[0] for r in relevance]
+    order = mmr_order(relevance, matrix, top_k, MMR_DIVERSITY)
     return [hits[i] for i in order]

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag_stream.schemas.events import CitationBody, Timings, Usage
 from rag_stream.schemas.generate import CoalesceOption, MaxTokens, Priority, Seed
+from rag_stream.schemas.kbs import MODE_DESCRIPTION, SearchMode
 
 # The configured limit (answers.max_top_k) is checked when the request is accepted; this bound
 # only keeps absurd numbers out before that.
@@ -32,6 +33,7 @@ class AnswerRequest(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: Seed | None = None
     mmr: bool = False
+    mode: SearchMode = Field("hybrid", description=MODE_DESCRIPTION)
     stream: bool = True
     coalesce: CoalesceOption = None
     priority: Priority = "interactive"

@@ -23,6 +23,14 @@ MetaKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 MetaScalar = str | int | float | bool
 MetaValue = MetaScalar | list[MetaScalar]
 
+# hybrid: dense (embedder) and BM25 (sparse) searches fused by reciprocal rank; dense or
+# sparse: one of them alone.
+SearchMode = Literal["hybrid", "dense", "sparse"]
+MODE_DESCRIPTION = (
+    "hybrid (default): the embedder's dense search and a BM25 keyword search (which segments "
+    "Chinese) fused by reciprocal rank; dense or sparse: one of them alone"
+)
+
 MAX_FILTER_KEYS = 32
 MAX_FILTER_VALUES = 256
 _INT64 = (-(2**63), 2**63 - 1)  # Qdrant's payload integers
@@ -189,8 +197,16 @@ class SearchRequest(BaseModel):
         "(numbers by value, true/false only booleans), a list any of its values; a document "
         "whose metadata value is a list matches if any element does",
     )
-    score_threshold: float | None = Field(None, ge=-1.0, le=1.0, allow_inf_nan=False)
+    score_threshold: float | None = Field(
+        None,
+        ge=-1.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="minimum cosine similarity of query and chunk under the embedder, in every "
+        "mode (with an English-only embedder, leave it unset for other languages)",
+    )
     mmr: bool = Field(False, description="diversify results (maximal marginal relevance)")
+    mode: SearchMode = Field("hybrid", description=MODE_DESCRIPTION)
 
     @field_validator("query")
     @classmethod
@@ -215,7 +231,10 @@ class SearchResult(BaseModel):
     text: str
     start: int
     end: int
-    score: float
+    score: float = Field(
+        description="what ranked the result: cosine similarity (dense), BM25 (sparse), or the "
+        "reciprocal-rank fusion of both (hybrid, comparable only within one response)"
+    )
 
 
 class SearchResponse(BaseModel):

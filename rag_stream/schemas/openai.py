@@ -4,8 +4,8 @@ Requests are checked strictly: a field OpenAI defines but rag-stream does not im
 accepted only at its neutral value (``frequency_penalty: 0``, ``logprobs: false``, ...), so a
 client that sends its defaults works unchanged and one that asks for more is told what is
 missing; a field OpenAI does not define is refused. rag-stream's own extras are ``top_k``,
-``mmr`` and ``coalesce``. The first problem found becomes OpenAI's error object, with ``param``
-naming the field.
+``mmr``, ``mode`` and ``coalesce``. The first problem found becomes OpenAI's error object, with
+``param`` naming the field.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rag_stream.schemas.answers import TOP_K_CEILING
 from rag_stream.schemas.events import CitationBody
 from rag_stream.schemas.generate import CoalesceOption, MaxTokens, Priority, Seed
+from rag_stream.schemas.kbs import SearchMode
 
 KB_MODEL_PREFIX = "kb:"
 # Where errors take OpenAI's statuses too (400 for a bad request, not 422).
@@ -116,6 +117,7 @@ class ChatCompletionRequest(BaseModel):
     # rag-stream's extras
     top_k: int | None = Field(None, ge=0, le=TOP_K_CEILING)
     mmr: bool = False
+    mode: SearchMode = "hybrid"  # retrieval for a kb: model (schemas/kbs.py)
     coalesce: CoalesceOption = None
     priority: Priority = "interactive"
 

@@ -15,10 +15,13 @@ from rag_stream.store.models import Conversation, Message
 from rag_stream.store.streams import record_stream
 
 
-async def get_conversation(session: AsyncSession, conversation_id: str) -> Conversation:
+async def get_conversation(
+    session: AsyncSession, conversation_id: str, *, tenant: str
+) -> Conversation:
+    """The tenant's conversation with its messages; another tenant's is NotFound."""
     conv = await session.scalar(
         select(Conversation)
-        .where(Conversation.id == conversation_id)
+        .where(Conversation.id == conversation_id, Conversation.tenant == tenant)
         .options(selectinload(Conversation.messages))
     )
     if conv is None:
@@ -29,6 +32,7 @@ async def get_conversation(session: AsyncSession, conversation_id: str) -> Conve
 async def save_answer(
     sessions: async_sessionmaker[AsyncSession],
     *,
+    tenant: str,
     stream_id: str,
     model: str,
     kb_id: str,
@@ -44,7 +48,7 @@ async def save_answer(
             if await session.scalar(select(Message.id).where(Message.stream_id == stream_id)):
                 return
             if await session.get(Conversation, conversation_id) is None:
-                session.add(Conversation(id=conversation_id, kb_id=kb_id))
+                session.add(Conversation(id=conversation_id, kb_id=kb_id, tenant=tenant))
                 await session.flush()
             last = await session.scalar(
                 select(func.max(Message.seq)).where(Message.conversation_id == conversation_id)
@@ -73,6 +77,7 @@ async def save_answer(
             )
             await record_stream(
                 session,
+                tenant=tenant,
                 stream_id=stream_id,
                 kind="answer",
                 model=model,

@@ -11,6 +11,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from rag_stream.schemas.tenants import LOCAL_TENANT
+
 
 def new_id() -> str:
     return uuid.uuid4().hex
@@ -73,11 +75,32 @@ class Base(DeclarativeBase):
     }
 
 
+def _tenant_column() -> Mapped[str]:
+    """The owning tenant (rows from before tenants belong to the open mode's one)."""
+    return mapped_column(NulFreeString(64), default=LOCAL_TENANT, server_default=LOCAL_TENANT)
+
+
+class ApiKey(Base):
+    """An API key: only its SHA-256 is kept (a key is 256 random bits, so a fast hash is safe)."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(NulFreeString(16), primary_key=True)
+    tenant: Mapped[str] = mapped_column(NulFreeString(64), index=True)
+    name: Mapped[str | None] = mapped_column(NulFreeString(128))
+    key_hash: Mapped[str] = mapped_column(NulFreeString(64))
+    prefix: Mapped[str] = mapped_column(NulFreeString(32))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
 class KnowledgeBase(Base):
     __tablename__ = "knowledge_bases"
+    __table_args__ = (UniqueConstraint("tenant", "name", name="uq_knowledge_bases_tenant_name"),)
 
     id: Mapped[str] = mapped_column(NulFreeString(32), primary_key=True, default=new_id)
-    name: Mapped[str] = mapped_column(NulFreeString(128), unique=True)
+    tenant: Mapped[str] = _tenant_column()
+    name: Mapped[str] = mapped_column(NulFreeString(128))
     description: Mapped[str | None] = mapped_column(NulFreeText)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -131,14 +154,20 @@ class StreamRecord(Base):
     """A finished stream, kept after its Redis log expires."""
 
     __tablename__ = "streams"
+    __table_args__ = (Index("ix_streams_tenant_created", "tenant", "created_at"),)
 
     id: Mapped[str] = mapped_column(NulFreeString(64), primary_key=True)
+    tenant: Mapped[str] = _tenant_column()
     kind: Mapped[str] = mapped_column(NulFreeString(16))
     model: Mapped[str] = mapped_column(NulFreeString(512))
     conversation_id: Mapped[str | None] = mapped_column(NulFreeString(32), index=True)
     finish_reason: Mapped[str] = mapped_column(NulFreeString(16))
     text: Mapped[str] = mapped_column(NulFreeText)
     usage: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # the usage again, as columns GET /v1/usage can sum
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -146,6 +175,7 @@ class Conversation(Base):
     __tablename__ = "conversations"
 
     id: Mapped[str] = mapped_column(NulFreeString(32), primary_key=True, default=new_id)
+    tenant: Mapped[str] = _tenant_column()
     kb_id: Mapped[str | None] = mapped_column(NulFreeString(32))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -1,19 +1,23 @@
-"""Finished streams' records (kept after their Redis log expires)."""
+"""Finished streams' records (kept after their Redis log expires), and the usage they add up to."""
 
 from __future__ import annotations
 
 import functools
+from datetime import datetime
 from typing import Any
 
+from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from rag_stream.schemas.tenants import UsageTotals
 from rag_stream.store.models import StreamRecord, utcnow
 
 
 async def record_stream(
     session: AsyncSession,
     *,
+    tenant: str,
     stream_id: str,
     kind: str,
     model: str,
@@ -27,6 +31,10 @@ async def record_stream(
     where an ORM merge would read the row first."""
     values = {
         "id": stream_id,
+        "tenant": tenant,
+        "prompt_tokens": int(usage.get("prompt_tokens", 0)),
+        "cached_tokens": int(usage.get("cached_tokens", 0)),
+        "completion_tokens": int(usage.get("completion_tokens", 0)),
         "kind": kind,
         "model": model,
         "conversation_id": conversation_id,
@@ -49,3 +57,30 @@ def _upsert(dialect: str) -> Any:
         if column.name not in ("id", "created_at")
     }
     return statement.on_conflict_do_update(index_elements=["id"], set_=replace)
+
+
+async def usage_by_kind(
+    session: AsyncSession, tenant: str, start: datetime, end: datetime
+) -> dict[str, UsageTotals]:
+    """The tenant's streams that ended in [start, end), summed per kind of stream."""
+    rows = await session.execute(
+        select(
+            StreamRecord.kind,
+            func.count(StreamRecord.id),
+            func.coalesce(func.sum(StreamRecord.prompt_tokens), 0),
+            func.coalesce(func.sum(StreamRecord.cached_tokens), 0),
+            func.coalesce(func.sum(StreamRecord.completion_tokens), 0),
+        )
+        .where(
+            StreamRecord.tenant == tenant,
+            StreamRecord.created_at >= start,
+            StreamRecord.created_at < end,
+        )
+        .group_by(StreamRecord.kind)
+    )
+    return {
+        kind: UsageTotals(
+            requests=int(n), prompt_tokens=int(p), cached_tokens=int(c), completion_tokens=int(o)
+        )
+        for kind, n, p, c, o in rows.tuples()
+    }

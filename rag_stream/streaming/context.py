@@ -28,6 +28,7 @@ class StreamContext:
     writer: StreamWriter
     event_log: EventLog
     accepted_at: float  # time.monotonic() when the request (or the takeover) was accepted
+    tenant: str  # whose stream it is (its usage is recorded for this tenant)
     started: float = field(default_factory=time.monotonic)
 
     @property

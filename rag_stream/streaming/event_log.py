@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from rag_stream.schemas.events import Event
+from rag_stream.schemas.tenants import LOCAL_TENANT
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class StreamMeta:
     created: float
     plan: str | None  # the kind's plan as JSON; the kind validates it when it reads it back
     wire: str | None  # how the API renders the stream (opaque here); None: SSE events
+    tenant: str  # who may read, resume or cancel it (another tenant sees a 404)
     finish_reason: str | None
     cancel: bool
     lease_owner: str | None
@@ -69,6 +71,7 @@ class StreamMeta:
             created=float(fields.get("created", "0")),
             plan=fields.get("plan"),
             wire=fields.get("wire"),
+            tenant=fields.get("tenant", LOCAL_TENANT),  # streams from before tenants
             finish_reason=fields.get("finish_reason"),
             cancel=fields.get("cancel") == "1",
             lease_owner=lease_owner,
@@ -77,7 +80,13 @@ class StreamMeta:
 
     @property
     def new(self) -> NewStream:
-        return NewStream(model=self.model, kind=self.kind, created=self.created, wire=self.wire)
+        return NewStream(
+            model=self.model,
+            kind=self.kind,
+            created=self.created,
+            wire=self.wire,
+            tenant=self.tenant,
+        )
 
 
 @dataclass(frozen=True)
@@ -100,9 +109,15 @@ class NewStream:
     kind: str
     created: float
     wire: str | None = None  # the response format a resume must use (opaque here)
+    tenant: str = LOCAL_TENANT
 
     def fields(self) -> dict[str, str]:
-        fields = {"model": self.model, "kind": self.kind, "created": repr(self.created)}
+        fields = {
+            "model": self.model,
+            "kind": self.kind,
+            "created": repr(self.created),
+            "tenant": self.tenant,
+        }
         if self.wire is not None:
             fields["wire"] = self.wire
         return fields

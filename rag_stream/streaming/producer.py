@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 
 from rag_stream.errors import EventLogUnavailable, RagStreamError
 from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason, StreamStarted
+from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.settings import StreamingSettings
 from rag_stream.streaming.admission import Ticket
 from rag_stream.streaming.context import Stopped, StreamContext
@@ -61,6 +62,7 @@ class Producers:
         producer: Producer,
         wire: str | None = None,
         ticket: Ticket | None = None,
+        tenant: str = LOCAL_TENANT,
     ) -> str:
         """Create a stream of ``kind`` and run its first producer; return the stream id.
         ``wire`` is stored with it for the API layer (the format a resume renders); with a
@@ -73,7 +75,9 @@ class Producers:
             model=producer.model,
             created=time.time(),
         )
-        new = NewStream(model=producer.model, kind=kind.name, created=first.created, wire=wire)
+        new = NewStream(
+            model=producer.model, kind=kind.name, created=first.created, wire=wire, tenant=tenant
+        )
         await self.event_log.create(sid, first, new, self.owner, self.cfg.lease_ms)
         self.spawn(sid, new, [first], lambda: producer, ticket=ticket)
         return sid
@@ -140,7 +144,9 @@ class Producers:
         status = "done"
         try:
             producer = make()
-            ctx = StreamContext(sid, run_id, writer, self.event_log, producer.accepted_at)
+            ctx = StreamContext(
+                sid, run_id, writer, self.event_log, producer.accepted_at, new.tenant
+            )
             reason: FinishReason = "cancelled"
             try:
                 if not cancelled and writer.stop_reason is None:  # (cancelled while queued)

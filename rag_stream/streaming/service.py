@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 
 from rag_stream.errors import EventLogUnavailable, InvalidRequest, NotFound
 from rag_stream.schemas.events import Event
+from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.settings import StreamingSettings
 from rag_stream.streaming.admission import Ticket
 from rag_stream.streaming.event_log import EventLog, StreamMeta
@@ -59,11 +60,13 @@ class Streams:
         producer: Producer,
         wire: str | None = None,
         ticket: Ticket | None = None,
+        tenant: str = LOCAL_TENANT,
     ) -> str:
         """Create a stream of ``kind`` and run ``producer`` (its first run); return its id.
         ``wire`` (opaque here) tells a later resume how the API renders the stream; the
-        ``ticket`` (from ``Admission``) is its place in this process's generation queue."""
-        return await self.producers.start(kind, producer, wire, ticket)
+        ``ticket`` (from ``Admission``) is its place in this process's generation queue; only
+        ``tenant`` may read, resume or cancel it."""
+        return await self.producers.start(kind, producer, wire, ticket, tenant)
 
     def follow(self, sid: str, after: int = -1) -> AsyncIterator[Event]:
         return self.readers.follow(sid, after)
@@ -72,27 +75,28 @@ class Streams:
         """``follow``, with the events that are ready together in one list (one SSE write)."""
         return self.readers.follow_batches(sid, after)
 
-    async def status(self, sid: str) -> StreamMeta:
+    async def status(self, sid: str, *, tenant: str) -> StreamMeta:
+        """The stream's meta; NotFound for another tenant's stream, as for an unknown one."""
         try:
             meta = await self.event_log.meta(sid)
         except RedisError as exc:
             raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
-        if meta is None:
+        if meta is None or meta.tenant != tenant:
             raise NotFound(f"stream {sid!r} not found (unknown, or expired after retention)")
         return meta
 
-    async def check_cursor(self, sid: str, cursor: int) -> StreamMeta:
+    async def check_cursor(self, sid: str, cursor: int, *, tenant: str) -> StreamMeta:
         """The stream's meta, once a reader's cursor (-1: from the start) is checked against
         it; then ``follow_batches`` reads on."""
-        meta = await self.status(sid)
+        meta = await self.status(sid, tenant=tenant)
         if cursor > meta.last_event_id:
             raise InvalidRequest(
                 f"last_event_id {cursor} is beyond the stream's last event ({meta.last_event_id})"
             )
         return meta
 
-    async def cancel(self, sid: str, wait_s: float = 10) -> CancelOutcome:
-        meta = await self.status(sid)
+    async def cancel(self, sid: str, *, tenant: str, wait_s: float = 10) -> CancelOutcome:
+        meta = await self.status(sid, tenant=tenant)
         if meta.status != "running":
             return CancelOutcome(
                 False, meta, f"stream already finished ({meta.finish_reason}); nothing to cancel"

@@ -23,7 +23,7 @@ def test_embedded_state_lives_under_the_data_dir(
     ready = httpx.get(default_server.url + "/readyz").json()
     assert ready["status"] == "ready"
     assert (default_data_dir / "rag-stream.db").is_file()
-    assert (default_data_dir / "qdrant").is_dir()
+    assert (default_data_dir / "vectors").is_dir()  # the embedded vector store (qdrant-edge)
     assert (default_data_dir / "redis").is_dir()
     # the embedded Redis is a real redis-server process working in that folder
     redis_dir = str((default_data_dir / "redis").resolve())

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from qdrant_client import QdrantClient
 
+from rag_stream.retrieval.edge_store import EdgeVectorStore
 from tests.support.pdfs import make_pdf
 from tests.support.server import ROOT
 
 
-def run_cli(data_dir: Path, models_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    data_dir: Path, models_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "RAG_STREAM_PROFILE": "test",
         "RAG_STREAM_DATA_DIR": str(data_dir),
         "RAG_STREAM_MODELS_DIR": str(models_dir),
+        **(env or {}),
     }
     return subprocess.run(
         [sys.executable, "-m", "rag_stream", *args],
@@ -69,16 +75,33 @@ def test_ingest_folders_recursively_then_search(tmp_path: Path, models_dir: Path
     assert missing.returncode == 1 and "'nope' not found" in missing.stderr
 
 
-def test_ingest_explains_a_local_qdrant_held_by_another_process(
-    tmp_path: Path, models_dir: Path
+@pytest.mark.parametrize("backend", ["edge", "local"])
+def test_ingest_explains_an_embedded_store_held_by_another_process(
+    tmp_path: Path, models_dir: Path, backend: str
 ) -> None:
     data = tmp_path / "data"
-    (data / "qdrant").mkdir(parents=True)
-    holder = QdrantClient(path=str(data / "qdrant"))  # like a running `rag-stream serve`
-    try:
-        (tmp_path / "a.txt").write_text("some text")
-        result = run_cli(data, models_dir, "ingest", str(tmp_path / "a.txt"), "--kb", "k")
-    finally:
-        holder.close()
+    (tmp_path / "a.txt").write_text("some text")
+    if backend == "edge":  # like a running `rag-stream serve`
+        holder = EdgeVectorStore(data / "vectors")
+        asyncio.run(holder.ensure(384))
+        try:
+            result = run_cli(data, models_dir, "ingest", str(tmp_path / "a.txt"), "--kb", "k")
+        finally:
+            asyncio.run(holder.close())
+    else:
+        (data / "qdrant").mkdir(parents=True)
+        local = QdrantClient(path=str(data / "qdrant"))
+        try:
+            result = run_cli(
+                data,
+                models_dir,
+                "ingest",
+                str(tmp_path / "a.txt"),
+                "--kb",
+                "k",
+                env={"RAG_STREAM_VECTOR_STORE__BACKEND": "local"},
+            )
+        finally:
+            local.close()
     assert result.returncode == 2
     assert "in use by another process" in result.stderr

@@ -13,6 +13,7 @@ from rag_stream.errors import InvalidRequest, NotFound
 from rag_stream.ingest.documents import DocumentDraft
 from rag_stream.ingest.parsing import parse_markdown, parse_plain
 from rag_stream.ingest.writer import IngestResult
+from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.store import repositories as repo
 from tests.support.hooked_vectors import HookedVectorStore
 
@@ -20,6 +21,7 @@ from tests.support.hooked_vectors import HookedVectorStore
 # ruff: noqa: F811
 from tests.support.kb_stack import (  # noqa: F401
     Stack,
+    backend,
     db_url,
     embedder,
     stack,
@@ -65,7 +67,9 @@ async def injected_fault() -> None:
 
 async def test_chunks_carry_what_a_citation_needs(stack: Stack) -> None:
     kb = await stack.new_kb()
-    result = await stack.ingestor.ingest(kb, draft(GUIDE, "Garden guide", "garden.md"))
+    result = await stack.ingestor.ingest(
+        kb, draft(GUIDE, "Garden guide", "garden.md"), tenant=LOCAL_TENANT
+    )
     assert result.created
     doc = result.document
     async with stack.sessions() as session:
@@ -85,9 +89,11 @@ async def test_chunks_carry_what_a_citation_needs(stack: Stack) -> None:
 
 async def test_same_content_twice_creates_nothing_new(stack: Stack) -> None:
     kb = await stack.new_kb()
-    first = await stack.ingestor.ingest(kb, draft(BIKES, "Bikes"))
+    first = await stack.ingestor.ingest(kb, draft(BIKES, "Bikes"), tenant=LOCAL_TENANT)
     points = await stack.point_ids(kb)
-    again = await stack.ingestor.ingest(kb, draft(BIKES, "Another title", "elsewhere.txt"))
+    again = await stack.ingestor.ingest(
+        kb, draft(BIKES, "Another title", "elsewhere.txt"), tenant=LOCAL_TENANT
+    )
     assert not again.created
     assert again.document.id == first.document.id
     assert await stack.row_counts(kb) == (1, first.document.chunk_count)
@@ -96,9 +102,9 @@ async def test_same_content_twice_creates_nothing_new(stack: Stack) -> None:
 
 async def test_reupload_of_a_source_replaces_the_old_version(stack: Stack) -> None:
     kb = await stack.new_kb()
-    old = await stack.ingestor.ingest(kb, draft(BIKES, "Bikes", "bikes.txt"))
+    old = await stack.ingestor.ingest(kb, draft(BIKES, "Bikes", "bikes.txt"), tenant=LOCAL_TENANT)
     edited = BIKES.replace("six to eight bar", "five to seven bar")
-    new = await stack.ingestor.ingest(kb, draft(edited, "Bikes", "bikes.txt"))
+    new = await stack.ingestor.ingest(kb, draft(edited, "Bikes", "bikes.txt"), tenant=LOCAL_TENANT)
     assert new.created and new.replaced_id == old.document.id
     assert new.document.id != old.document.id
     assert await stack.row_counts(kb) == (1, new.document.chunk_count)
@@ -112,15 +118,17 @@ async def test_a_fault_between_vector_upsert_and_commit_leaves_nothing(stack: St
     kb = await stack.new_kb()
     failing = stack.another_ingestor(HookedVectorStore(stack.vectors, after_upsert=injected_fault))
     with pytest.raises(RuntimeError, match="injected fault"):
-        await failing.ingest(kb, draft(GUIDE, "Garden", "garden.md"))
+        await failing.ingest(kb, draft(GUIDE, "Garden", "garden.md"), tenant=LOCAL_TENANT)
     assert await stack.row_counts(kb) == (0, 0)
     assert await stack.point_count(kb) == 0
 
     # A failed replacement keeps the old version whole and searchable.
-    old = await stack.ingestor.ingest(kb, draft(BIKES, "Bikes", "bikes.txt"))
+    old = await stack.ingestor.ingest(kb, draft(BIKES, "Bikes", "bikes.txt"), tenant=LOCAL_TENANT)
     before = await stack.point_ids(kb)
     with pytest.raises(RuntimeError, match="injected fault"):
-        await failing.ingest(kb, draft(BIKES + "\nAlso oil the pedals.", "Bikes", "bikes.txt"))
+        await failing.ingest(
+            kb, draft(BIKES + "\nAlso oil the pedals.", "Bikes", "bikes.txt"), tenant=LOCAL_TENANT
+        )
     assert await stack.row_counts(kb) == (1, old.document.chunk_count)
     assert await stack.point_ids(kb) == before == await stack.chunk_row_ids(kb)
     hits = await stack.retriever.search(kb, "how to clean a bicycle chain", 2)
@@ -140,8 +148,8 @@ async def test_concurrent_uploads_of_one_document_store_it_once(stack: Stack) ->
     a = stack.another_ingestor(HookedVectorStore(stack.vectors, after_upsert=meet))
     b = stack.another_ingestor(HookedVectorStore(stack.vectors, after_upsert=meet))
     results = await asyncio.gather(
-        a.ingest(kb, draft(GUIDE, "Garden", "garden.md")),
-        b.ingest(kb, draft(GUIDE, "Garden", "garden.md")),
+        a.ingest(kb, draft(GUIDE, "Garden", "garden.md"), tenant=LOCAL_TENANT),
+        b.ingest(kb, draft(GUIDE, "Garden", "garden.md"), tenant=LOCAL_TENANT),
     )
     assert sorted(met) == [0, 1]
     assert sorted(r.created for r in results) == [False, True]
@@ -153,7 +161,7 @@ async def test_concurrent_uploads_of_one_document_store_it_once(stack: Stack) ->
 async def test_concurrent_uploads_in_one_process_embed_once(stack: Stack) -> None:
     kb = await stack.new_kb()
     results = await asyncio.gather(
-        *(stack.ingestor.ingest(kb, draft(BIKES, "Bikes")) for _ in range(4))
+        *(stack.ingestor.ingest(kb, draft(BIKES, "Bikes"), tenant=LOCAL_TENANT) for _ in range(4))
     )
     assert sum(r.created for r in results) == 1
     assert len({r.document.id for r in results}) == 1
@@ -166,7 +174,7 @@ async def test_search_sees_exactly_one_version_while_a_document_is_replaced(
     """Look at the two moments in between: new vectors written but not committed, and
     committed but the old vectors not yet deleted."""
     kb = await stack.new_kb()
-    old = await stack.ingestor.ingest(kb, draft(BIKES, "Bikes", "bikes.txt"))
+    old = await stack.ingestor.ingest(kb, draft(BIKES, "Bikes", "bikes.txt"), tenant=LOCAL_TENANT)
     seen: dict[str, set[str]] = {}
 
     async def versions_found(moment: str) -> None:
@@ -184,52 +192,56 @@ async def test_search_sees_exactly_one_version_while_a_document_is_replaced(
             stack.vectors, after_upsert=before_commit, before_delete_chunks=after_commit
         )
     )
-    new = await watched.ingest(kb, draft(BIKES + "\nWax works too.", "Bikes", "bikes.txt"))
+    new = await watched.ingest(
+        kb, draft(BIKES + "\nWax works too.", "Bikes", "bikes.txt"), tenant=LOCAL_TENANT
+    )
     assert seen == {"before commit": {old.document.id}, "after commit": {new.document.id}}
 
 
 async def test_deleting_a_document_removes_its_rows_and_vectors(stack: Stack) -> None:
     kb = await stack.new_kb()
-    keep = await stack.ingestor.ingest(kb, draft(BIKES, "Bikes"))
-    gone = await stack.ingestor.ingest(kb, draft(GUIDE, "Garden"))
-    await stack.ingestor.delete_document(kb, gone.document.id)
+    keep = await stack.ingestor.ingest(kb, draft(BIKES, "Bikes"), tenant=LOCAL_TENANT)
+    gone = await stack.ingestor.ingest(kb, draft(GUIDE, "Garden"), tenant=LOCAL_TENANT)
+    await stack.ingestor.delete_document(kb, gone.document.id, tenant=LOCAL_TENANT)
     assert await stack.row_counts(kb) == (1, keep.document.chunk_count)
     assert await stack.point_ids(kb) == await stack.chunk_row_ids(kb)
     with pytest.raises(NotFound):
-        await stack.ingestor.delete_document(kb, gone.document.id)
+        await stack.ingestor.delete_document(kb, gone.document.id, tenant=LOCAL_TENANT)
 
 
 async def test_deleting_a_kb_removes_its_documents_chunks_and_vectors(stack: Stack) -> None:
     kb, other = await stack.new_kb(), await stack.new_kb()
-    await stack.ingestor.ingest(kb, draft(BIKES, "Bikes"))
-    kept = await stack.ingestor.ingest(other, draft(BIKES, "Bikes"))
-    await stack.ingestor.delete_kb(kb)
+    await stack.ingestor.ingest(kb, draft(BIKES, "Bikes"), tenant=LOCAL_TENANT)
+    kept = await stack.ingestor.ingest(other, draft(BIKES, "Bikes"), tenant=LOCAL_TENANT)
+    await stack.ingestor.delete_kb(kb, tenant=LOCAL_TENANT)
     assert await stack.row_counts(kb) == (0, 0)
     assert await stack.point_count(kb) == 0
     assert await stack.row_counts(other) == (1, kept.document.chunk_count)
     assert await stack.point_count(other) == kept.document.chunk_count
     async with stack.sessions() as session:
         with pytest.raises(NotFound):
-            await repo.resolve_kb(session, kb)
+            await repo.resolve_kb(session, kb, tenant=LOCAL_TENANT)
 
 
 async def test_a_kb_can_be_named_by_its_name(stack: Stack) -> None:
     kb = await stack.new_kb("garden-notes")
-    result = await stack.ingestor.ingest("garden-notes", draft(GUIDE, "Garden"))
+    result = await stack.ingestor.ingest(
+        "garden-notes", draft(GUIDE, "Garden"), tenant=LOCAL_TENANT
+    )
     assert result.document.kb_id == kb
-    await stack.ingestor.delete_document("garden-notes", result.document.id)
+    await stack.ingestor.delete_document("garden-notes", result.document.id, tenant=LOCAL_TENANT)
     assert await stack.row_counts(kb) == (0, 0)
-    await stack.ingestor.delete_kb("garden-notes")
+    await stack.ingestor.delete_kb("garden-notes", tenant=LOCAL_TENANT)
     with pytest.raises(NotFound):
-        await stack.ingestor.resolve_kb(kb)
+        await stack.ingestor.resolve_kb(kb, tenant=LOCAL_TENANT)
 
 
 async def test_rejects_empty_text_and_unknown_kb(stack: Stack) -> None:
     kb = await stack.new_kb()
     with pytest.raises(InvalidRequest, match="empty"):
-        await stack.ingestor.ingest(kb, draft(" \n\t "))
+        await stack.ingestor.ingest(kb, draft(" \n\t "), tenant=LOCAL_TENANT)
     with pytest.raises(NotFound):
-        await stack.ingestor.ingest("0" * 32, draft(BIKES))
+        await stack.ingestor.ingest("0" * 32, draft(BIKES), tenant=LOCAL_TENANT)
     assert await stack.point_count(kb) == 0
 
 

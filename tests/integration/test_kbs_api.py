@@ -249,6 +249,7 @@ def test_the_sample_kb_holds_the_project_docs(client: httpx.Client) -> None:
     docs = client.get("/v1/kbs/docs/documents", params={"limit": 200}).json()["data"]
     assert {d["source"] for d in docs} == expected
     hits = client.post(
-        "/v1/kbs/docs/search", json={"query": "server-sent events stream protocol"}
+        "/v1/kbs/docs/search",
+        json={"query": "server-sent events stream protocol", "mode": "dense"},  # cosine scores
     ).json()["results"]
     assert hits and hits[0]["score"] > 0.3

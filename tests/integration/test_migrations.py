@@ -70,3 +70,66 @@ def test_models_match_migrations(tmp_path: Path) -> None:
         return list(result)
 
     assert asyncio.run(diff()) == []
+
+
+def _check_tenants_upgrade(url: str) -> None:
+    """Rows made before tenants belong to "local" after 0003, and a KB name is then unique per
+    tenant only."""
+    from sqlalchemy import text
+
+    upgrade(url, "0002")
+    now = "2026-11-01 00:00:00+00:00"
+
+    async def run(statements: list[str]) -> list[object]:
+        engine = create_async_engine(url)
+        out: list[object] = []
+        async with engine.begin() as conn:
+            for sql in statements:
+                result = await conn.execute(text(sql))
+                out.append(result.all() if result.returns_rows else None)
+        await engine.dispose()
+        return out
+
+    asyncio.run(
+        run(
+            [
+                "INSERT INTO knowledge_bases (id, name, created_at) "
+                f"VALUES ('k1', 'docs', '{now}')",
+                f"INSERT INTO conversations (id, kb_id, created_at) VALUES ('c1', 'k1', '{now}')",
+                "INSERT INTO streams (id, kind, model, finish_reason, text, usage, created_at) "
+                f"""VALUES ('s1', 'answer', 'm', 'stop', 'hi', '{{}}', '{now}')""",
+            ]
+        )
+    )
+    upgrade(url)
+    kbs, convs, streams = asyncio.run(
+        run(
+            [
+                "INSERT INTO knowledge_bases (id, tenant, name, created_at) "
+                f"VALUES ('k2', 'acme', 'docs', '{now}')",
+                "SELECT id, tenant, name FROM knowledge_bases ORDER BY id",
+                "SELECT tenant FROM conversations",
+                "SELECT tenant, prompt_tokens, completion_tokens FROM streams",
+            ]
+        )
+    )[1:]
+    assert [tuple(r) for r in kbs] == [("k1", "local", "docs"), ("k2", "acme", "docs")]  # type: ignore[union-attr]
+    assert [tuple(r) for r in convs] == [("local",)]  # type: ignore[union-attr]
+    assert [tuple(r) for r in streams] == [("local", 0, 0)]  # type: ignore[union-attr]
+    with pytest.raises(Exception, match=r"(?i)unique"):
+        asyncio.run(
+            run(
+                [
+                    "INSERT INTO knowledge_bases (id, tenant, name, created_at) "
+                    f"VALUES ('k3', 'acme', 'docs', '{now}')"
+                ]
+            )
+        )
+
+
+def test_rows_from_before_tenants_belong_to_local_on_sqlite(tmp_path: Path) -> None:
+    _check_tenants_upgrade(f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}")
+
+
+def test_rows_from_before_tenants_belong_to_local_on_postgresql(postgres_db: str) -> None:
+    _check_tenants_upgrade(postgres_db)

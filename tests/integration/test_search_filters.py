@@ -1,5 +1,6 @@
 """Search filters on every metadata type an upload accepts: in-process on the real stores
-(SQLite and PostgreSQL, Qdrant local mode, the real embedder), then over HTTP on a real server."""
+(SQLite and PostgreSQL; qdrant-edge and qdrant-client's local mode; the real embedder), in each
+search mode, then over HTTP on a real server."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ from qdrant_client import AsyncQdrantClient
 from rag_stream.errors import VectorStoreUnavailable
 from rag_stream.ingest.documents import DocumentDraft
 from rag_stream.ingest.parsing import parse_plain
-from rag_stream.retrieval.vector_store import QdrantVectorStore
+from rag_stream.retrieval.qdrant_store import QdrantVectorStore
+from rag_stream.retrieval.vector_store import VectorQuery
+from rag_stream.schemas.kbs import SearchMode
+from rag_stream.schemas.tenants import LOCAL_TENANT
 
 # The fixtures come from tests/support/kb_stack.py; test arguments reuse their names.
 # ruff: noqa: F811
 from tests.support.kb_stack import (  # noqa: F401
     Stack,
+    backend,
     db_url,
     embedder,
     stack,
@@ -74,16 +79,19 @@ CASES: list[tuple[dict[str, Any], set[str]]] = [
 async def _filter_kb(stack: Stack) -> str:
     kb = await stack.new_kb()
     for title, meta in DOCS.items():
-        await stack.ingestor.ingest(kb, DocumentDraft(title, parse_plain(_text(title)), meta=meta))
+        await stack.ingestor.ingest(
+            kb, DocumentDraft(title, parse_plain(_text(title)), meta=meta), tenant=LOCAL_TENANT
+        )
     return kb
 
 
-async def test_each_filter_returns_exactly_its_documents(stack: Stack) -> None:
+@pytest.mark.parametrize("mode", ["hybrid", "dense", "sparse"])
+async def test_each_filter_returns_exactly_its_documents(stack: Stack, mode: SearchMode) -> None:
     kb = await _filter_kb(stack)
-    assert {h.title for h in await stack.retriever.search(kb, QUERY, 20)} == set(DOCS)
+    assert {h.title for h in await stack.retriever.search(kb, QUERY, 20, mode=mode)} == set(DOCS)
     for meta_filter, expected in CASES:
-        hits = await stack.retriever.search(kb, QUERY, 20, meta_filter=meta_filter)
-        assert {h.title for h in hits} == expected, meta_filter
+        hits = await stack.retriever.search(kb, QUERY, 20, meta_filter=meta_filter, mode=mode)
+        assert {h.title for h in hits} == expected, (mode, meta_filter)
 
 
 async def test_an_empty_list_matches_nothing_below_the_api(stack: Stack) -> None:
@@ -108,7 +116,9 @@ async def test_an_unreachable_vector_store_is_unavailable_without_details() -> N
     )
     try:
         with pytest.raises(VectorStoreUnavailable) as caught:
-            await store.search("kb", [0.1, 0.2], 3, meta_filter={"score": 1.5})
+            await store.search(
+                "kb", VectorQuery("dense", [0.1, 0.2]), 3, meta_filter={"score": 1.5}
+            )
     finally:
         await store.close()
     assert caught.value.message == "vector store search failed: cannot connect"
@@ -168,6 +178,16 @@ def _titles(client: httpx.Client, kb: str, meta_filter: dict[str, Any]) -> set[s
 def test_filters_on_floats_and_mixed_lists_return_results(client: httpx.Client, kb: str) -> None:
     for meta_filter, expected in CASES:
         assert _titles(client, kb, meta_filter) == expected, meta_filter
+
+
+def test_search_takes_a_mode_and_refuses_an_unknown_one(client: httpx.Client, kb: str) -> None:
+    for mode in ("hybrid", "dense", "sparse"):
+        body = {"query": QUERY, "top_k": 20, "mode": mode, "filter": {"team": ["zoo", 3]}}
+        r = client.post(f"/v1/kbs/{kb}/search", json=body)
+        assert r.status_code == 200, r.text
+        assert {hit["title"] for hit in r.json()["results"]} == {"A", "C"}
+    r = client.post(f"/v1/kbs/{kb}/search", json={"query": QUERY, "mode": "fuzzy"})
+    assert r.status_code == 422 and "mode" in r.json()["error"]["message"]
 
 
 def _refused(client: httpx.Client, path: str, body: bytes | dict[str, Any]) -> str:

@@ -135,10 +135,14 @@ async def test_a_stream_record_is_written_once_and_replaced_by_a_second_finish(
     sid = uuid.uuid4().hex
     fields = {"kind": "generate", "model": "m", "conversation_id": None, "usage": {"n": 1}}
     async with sessions() as session:
-        await record_stream(session, stream_id=sid, finish_reason="length", text="ab", **fields)
+        await record_stream(
+            session, tenant="t", stream_id=sid, finish_reason="length", text="ab", **fields
+        )
         await session.commit()
     async with sessions() as session:
-        await record_stream(session, stream_id=sid, finish_reason="stop", text="a\x00c", **fields)
+        await record_stream(
+            session, tenant="t", stream_id=sid, finish_reason="stop", text="a\x00c", **fields
+        )
         await session.commit()
     async with sessions() as session:
         rows = (await session.scalars(select(StreamRecord).where(StreamRecord.id == sid))).all()

@@ -77,6 +77,7 @@ class ToyRun:
     async def finish(self, ctx: StreamContext, reason: FinishReason, event_id: int) -> Done:
         self.out.run.finish_reason = reason
         self.kind.finished.append(self.out.text)
+        self.kind.finished_for.append(ctx.tenant)
         return Done(id=event_id, finish_reason=reason, usage=self.out.run.usage())
 
 
@@ -88,6 +89,7 @@ class ToyKind:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.finished: list[str] = []  # the text each finished run reported
+        self.finished_for: list[str] = []  # and whose stream it was (ctx.tenant)
 
     def accept(
         self, prompt_ids: list[int], max_tokens: int, coalesce: Coalesce | None = None

@@ -7,9 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from rag_stream.retrieval.vector_store import VectorHit, VectorPoint, VectorStore
+from rag_stream.retrieval.vector_store import VectorHit, VectorPoint, VectorQuery, VectorStore
 
 Hook = Callable[[], Awaitable[None]]
 
@@ -46,15 +44,18 @@ class HookedVectorStore:
     async def search(
         self,
         kb_id: str,
-        vector: Sequence[float] | np.ndarray[Any, Any],
+        query: VectorQuery,
         limit: int,
         meta_filter: Mapping[str, Any] | None = None,
         score_threshold: float | None = None,
         with_vectors: bool = False,
     ) -> list[VectorHit]:
         return await self._inner.search(
-            kb_id, vector, limit, meta_filter, score_threshold, with_vectors
+            kb_id, query, limit, meta_filter, score_threshold, with_vectors
         )
+
+    async def optimize(self) -> None:
+        await self._inner.optimize()
 
     async def ping(self) -> None:
         await self._inner.ping()

@@ -1,5 +1,6 @@
 """In-process ingestion stack on the real stores: SQLite or PostgreSQL (migrated with Alembic),
-Qdrant in local mode in a temporary folder, and the real sentence-transformers embedder."""
+a vector store in a temporary folder (qdrant-edge, or qdrant-client's local mode, which speaks
+the server's API), and the real sentence-transformers embedder and BM25 encoder."""
 
 from __future__ import annotations
 
@@ -15,15 +16,20 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from rag_stream.ingest.service import Ingestor
+from rag_stream.retrieval.edge_store import EdgeBm25, EdgeVectorStore
 from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
+from rag_stream.retrieval.qdrant_store import COLLECTION, QdrantVectorStore
 from rag_stream.retrieval.retriever import Retriever
-from rag_stream.retrieval.vector_store import COLLECTION, QdrantVectorStore, VectorStore
+from rag_stream.retrieval.vector_store import VectorStore
 from rag_stream.settings import IngestSettings
 from rag_stream.store.db import create_db, upgrade
 from rag_stream.store.models import Chunk, Document, KnowledgeBase
 from tests.support.pg import postgres_database as fresh_database
 
 SMALL_CHUNKS = IngestSettings(chunk_tokens=64, chunk_overlap=8)
+BACKENDS = ["edge", "local"]
+# Small, so that tests write past it and search, replace and delete over indexed segments too.
+EDGE_OPTIMIZE_AFTER = 40
 
 
 def postgres_database() -> Iterator[str]:
@@ -35,16 +41,18 @@ def postgres_database() -> Iterator[str]:
 class Stack:
     db_engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
-    qdrant: AsyncQdrantClient
-    vectors: QdrantVectorStore
+    vectors: EdgeVectorStore | QdrantVectorStore
     embedder: SentenceTransformerEmbedder
+    sparse: EdgeBm25
     ingestor: Ingestor
     retriever: Retriever
 
     def another_ingestor(self, vectors: VectorStore | None = None) -> Ingestor:
         """A second ingestor on the same stores with its own in-process locks, as a second
         server process would have; ``vectors`` wraps ``self.vectors`` to inject faults."""
-        return Ingestor(self.sessions, vectors or self.vectors, self.embedder, SMALL_CHUNKS)
+        return Ingestor(
+            self.sessions, vectors or self.vectors, self.embedder, SMALL_CHUNKS, sparse=self.sparse
+        )
 
     async def new_kb(self, name: str | None = None) -> str:
         async with self.sessions() as session:
@@ -54,12 +62,16 @@ class Stack:
             return kb.id
 
     async def point_count(self, kb_id: str) -> int:
+        if isinstance(self.vectors, EdgeVectorStore):
+            return await self.vectors.count(kb_id)
         flt = qm.Filter(must=[qm.FieldCondition(key="kb_id", match=qm.MatchValue(value=kb_id))])
-        return (await self.qdrant.count(COLLECTION, count_filter=flt, exact=True)).count
+        return (await self.vectors.client.count(COLLECTION, count_filter=flt, exact=True)).count
 
     async def point_ids(self, kb_id: str) -> set[str]:
+        if isinstance(self.vectors, EdgeVectorStore):
+            return await self.vectors.point_ids(kb_id)
         flt = qm.Filter(must=[qm.FieldCondition(key="kb_id", match=qm.MatchValue(value=kb_id))])
-        points, _ = await self.qdrant.scroll(COLLECTION, scroll_filter=flt, limit=10_000)
+        points, _ = await self.vectors.client.scroll(COLLECTION, scroll_filter=flt, limit=10_000)
         return {uuid.UUID(str(p.id)).hex for p in points}
 
     async def row_counts(self, kb_id: str) -> tuple[int, int]:
@@ -75,19 +87,27 @@ class Stack:
             return set(await session.scalars(select(Chunk.id).where(Chunk.kb_id == kb_id)))
 
 
-async def open_stack(db_url: str, qdrant_dir: Path, embedder: SentenceTransformerEmbedder) -> Stack:
+def open_vectors(backend: str, folder: Path) -> EdgeVectorStore | QdrantVectorStore:
+    if backend == "edge":
+        return EdgeVectorStore(folder, optimize_after_points=EDGE_OPTIMIZE_AFTER, optimize_idle_s=0)
+    return QdrantVectorStore(AsyncQdrantClient(path=str(folder)))
+
+
+async def open_stack(
+    db_url: str, folder: Path, embedder: SentenceTransformerEmbedder, backend: str = "edge"
+) -> Stack:
     db_engine, sessions = create_db(db_url)
-    qdrant = AsyncQdrantClient(path=str(qdrant_dir))
-    vectors = QdrantVectorStore(qdrant)
+    vectors = open_vectors(backend, folder)
     await vectors.ensure(embedder.dimension)
+    sparse = EdgeBm25()
     return Stack(
         db_engine,
         sessions,
-        qdrant,
         vectors,
         embedder,
-        Ingestor(sessions, vectors, embedder, SMALL_CHUNKS),
-        Retriever(sessions, vectors, embedder),
+        sparse,
+        Ingestor(sessions, vectors, embedder, SMALL_CHUNKS, sparse=sparse),
+        Retriever(sessions, vectors, embedder, sparse=sparse),
     )
 
 
@@ -119,11 +139,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     databases.close()
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The embedded vector store: qdrant-edge (the default), or qdrant-client's local mode."""
+    return str(request.param)
+
+
 @pytest.fixture
 async def stack(
-    db_url: str, tmp_path: Path, embedder: SentenceTransformerEmbedder
+    db_url: str, backend: str, tmp_path: Path, embedder: SentenceTransformerEmbedder
 ) -> AsyncIterator[Stack]:
-    opened = await open_stack(db_url, tmp_path / "qdrant", embedder)
+    opened = await open_stack(db_url, tmp_path / "vectors", embedder, backend)
     try:
         yield opened
     finally:

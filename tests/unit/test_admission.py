@@ -34,11 +34,15 @@ def test_the_queue_is_bounded_and_a_refusal_names_the_limits() -> None:
 
 
 def test_a_failed_block_gives_its_ticket_back() -> None:
-    admission = Admission(max_active=1, max_queued=0, retry_after_s=1)
-    with pytest.raises(ValueError), admission.ticket():
-        raise ValueError("bad request")
-    assert admission.queued == 0
-    admission.admit()
+    async def run() -> None:
+        admission = Admission(max_active=1, max_queued=0, retry_after_s=1)
+        with pytest.raises(ValueError):
+            async with admission.ticket():
+                raise ValueError("bad request")
+        assert admission.queued == 0
+        admission.admit()
+
+    asyncio.run(run())
 
 
 def test_slots_are_handed_out_interactive_first_then_in_order() -> None:
@@ -107,3 +111,29 @@ def test_once_a_producer_holds_the_ticket_only_it_frees_it() -> None:
         admission.admit()  # and nothing was counted twice
 
     asyncio.run(run())
+
+
+def test_batch_streams_take_at_most_their_share_of_the_slots() -> None:
+    """max_active_batch 1 of 3 slots: a second batch stream waits even with slots free, and an
+    interactive one that comes after it is not held up behind it."""
+
+    async def run() -> list[str]:
+        admission = Admission(max_active=3, max_queued=10, retry_after_s=1, max_active_batch=1)
+        started: list[str] = []
+        gates = {n: asyncio.Event() for n in ("b1", "b2", "i1")}
+        tasks = []
+        for name, priority in (("b1", "batch"), ("b2", "batch"), ("i1", "interactive")):
+            ticket = admission.admit(priority)  # type: ignore[arg-type]
+            tasks.append(asyncio.create_task(_hold(ticket, started, name, gates[name])))
+            await asyncio.sleep(0.01)
+        assert started == ["b1", "i1"] and admission.active == 2 and admission.queued == 1
+        gates["b1"].set()
+        await asyncio.sleep(0.01)
+        assert started == ["b1", "i1", "b2"]
+        gates["b2"].set()
+        gates["i1"].set()
+        await asyncio.gather(*tasks)
+        assert admission.active == 0 and admission.queued == 0
+        return started
+
+    assert asyncio.run(run()) == ["b1", "i1", "b2"]

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from rag_stream.errors import NotFound
 from rag_stream.schemas.events import Done, ErrorEvent, Event, Token
+from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.streaming.memory_log import MemoryEventLog
 from tests.support.fakes import ByteTokenizer, stub_engine, toy_streams
 
@@ -46,13 +50,13 @@ async def test_cancel_stops_a_running_stream() -> None:
     async for event in streams.follow(sid):
         seen.append(event)
         if len(seen) == 5:  # the stream is demonstrably running
-            outcome = await streams.cancel(sid)
+            outcome = await streams.cancel(sid, tenant=LOCAL_TENANT)
             assert outcome.cancelled
     check_one_stream(seen)
     done = seen[-1]
     assert isinstance(done, Done) and done.finish_reason == "cancelled"
     assert done.usage.completion_tokens < 100_000
-    again = await streams.cancel(sid)
+    again = await streams.cancel(sid, tenant=LOCAL_TENANT)
     assert not again.cancelled and "already finished" in again.message
     await streams.close()
 
@@ -61,7 +65,7 @@ async def test_takeover_continues_without_gap_or_repeat() -> None:
     engine = stub_engine(delay_s=0.001)
     log = MemoryEventLog()
     crashing, kind = toy_streams(log, engine, lease_ms=500)
-    sid = await crashing.start(kind, kind.accept([7, 8, 9], 400))
+    sid = await crashing.start(kind, kind.accept([7, 8, 9], 400), tenant="acme")
     first: list[Event] = []
     async for event in crashing.follow(sid):
         first.append(event)
@@ -81,6 +85,11 @@ async def test_takeover_continues_without_gap_or_repeat() -> None:
     assert [e.model_dump() for e in events[:20]] == [e.model_dump() for e in first]
     tokens = [e for e in events if isinstance(e, Token)]
     assert kind2.finished == ["".join(t.text for t in tokens)]  # logged text + its own
+    # the stream is still its tenant's, for the finisher and for every reader
+    assert kind2.finished_for == ["acme"]
+    assert (await survivor.status(sid, tenant="acme")).status == "done"
+    with pytest.raises(NotFound):
+        await survivor.status(sid, tenant=LOCAL_TENANT)
     await survivor.close()
 
 
