@@ -139,6 +139,10 @@ class StreamingSettings(BaseModel):
     # sends one round trip per engine step for all its streams and an idle one adds no delay.
     flush_interval_ms: float = Field(0.0, ge=0)
     flush_max_events: int = Field(32, ge=1)
+    # The most events of one stream in one append. After the log stalls (Redis slow or
+    # restarting) a writer has buffered many; it catches up in steps of this size, where one
+    # append of them all would be one script call long enough to stall Redis for everyone.
+    append_max_events: int = Field(512, ge=1)
     lease_ms: int = Field(3000, ge=500)
     renew_interval_s: float = Field(1.0, gt=0)
     # Readers of streams produced by another process share one blocking read per process,

@@ -73,7 +73,8 @@ class StreamWriter:
     def begin_flush(self) -> Append | None:
         if self.stop_reason in GONE:
             return None
-        self._sending, self._buffer = self._buffer, []
+        cap = self._cfg.append_max_events  # the rest goes in the next flush (end_flush asks)
+        self._sending, self._buffer = self._buffer[:cap], self._buffer[cap:]
         self._in_flight = asyncio.get_running_loop().create_future()
         return Append(self._sid, self._owner, self._sending, self._cfg.lease_ms, self.logged_id)
 

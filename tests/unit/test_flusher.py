@@ -51,3 +51,28 @@ async def test_an_idle_stream_keeps_its_lease_through_the_flusher() -> None:
     await streams.close()
     # 3 tokens give at most 3 appends with events; the rest renewed the lease
     assert len(log.calls) >= 6, log.calls
+
+
+class StallingLog(MemoryEventLog):
+    """The in-process log, stalled for its first append (Redis slow), recording each append's
+    largest batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    async def append(self, batches: Sequence[Append]) -> list[AppendResult]:
+        self.sizes.append(max((len(b.events) for b in batches), default=0))
+        if len(self.sizes) == 1:
+            await asyncio.sleep(0.3)  # meanwhile the stream buffers hundreds of events
+        return await super().append(batches)
+
+
+async def test_a_writer_catches_up_after_a_stall_in_bounded_appends() -> None:
+    log = StallingLog()
+    streams, kind = toy_streams(log, stub_engine(delay_s=0.0002), append_max_events=50)
+    sid = await streams.start(kind, kind.accept([1], 1000))
+    check_one_stream([e async for e in streams.follow(sid)], 1000)  # whole, in order
+    await streams.close()
+    assert max(log.sizes) == 50, log.sizes  # the backlog went out 50 at a time
+    assert sum(1 for s in log.sizes if s == 50) >= 3, log.sizes
