@@ -177,6 +177,10 @@ class DocumentWriter:
                         old = await repo.document_by_source(
                             session, document.kb_id, document.source
                         )
+                    if old is not None and old.content_hash == document.content_hash:
+                        # a concurrent upload of the same content committed since this one
+                        # was prepared: that one stands (this one's vectors are removed)
+                        return IngestResult(old, created=False)
                     if old is not None:
                         old_ids = await repo.chunk_ids(session, old.id)
                         await session.delete(old)

@@ -135,6 +135,30 @@ async def test_a_fault_between_vector_upsert_and_commit_leaves_nothing(stack: St
     assert hits[0].document_id == old.document.id
 
 
+async def test_an_upload_that_loses_the_race_by_a_whole_commit_stores_nothing(
+    stack: Stack,
+) -> None:
+    """B is prepared (no such content yet), then A stores the same document completely, then B
+    commits: B finds A's version under the same source and stands down (it used to replace it,
+    and both reported created)."""
+    a_done = asyncio.Event()
+
+    async def wait_for_a() -> None:
+        await a_done.wait()
+
+    kb = await stack.new_kb()
+    b = stack.another_ingestor(HookedVectorStore(stack.vectors, after_upsert=wait_for_a))
+    b_task = asyncio.create_task(
+        b.ingest(kb, draft(GUIDE, "Garden", "garden.md"), tenant=LOCAL_TENANT)
+    )
+    await asyncio.sleep(0.5)  # B is past its checks, waiting after its vector upsert
+    a = await stack.ingestor.ingest(kb, draft(GUIDE, "Garden", "garden.md"), tenant=LOCAL_TENANT)
+    a_done.set()
+    b_result = await b_task
+    assert a.created and not b_result.created
+    assert b_result.document.id == a.document.id
+
+
 async def test_concurrent_uploads_of_one_document_store_it_once(stack: Stack) -> None:
     """Two ingestors with separate locks (like two processes) race to the commit: the unique
     constraint picks one, the other returns that document and removes its own vectors."""
