@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -37,6 +38,9 @@ class SentenceTransformerEmbedder:
         self.dimension = int(model.get_sentence_embedding_dimension())
         self.max_seq_length = int(model.max_seq_length)
         self._tokenizer = model.tokenizer
+        # A Hugging Face fast tokenizer is not safe to use from two threads at once (concurrent
+        # uploads failed with "Unable to create tensor"): one encode at a time.
+        self._encoding = threading.Lock()
 
     @classmethod
     async def load(cls, name_or_path: str, batch_size: int = 64) -> SentenceTransformerEmbedder:
@@ -50,13 +54,14 @@ class SentenceTransformerEmbedder:
         return cls(model, batch_size)
 
     def encode_sync(self, texts: Sequence[str]) -> Vectors:
-        vectors = self._model.encode(
-            list(texts),
-            batch_size=self._batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
+        with self._encoding:
+            vectors = self._model.encode(
+                list(texts),
+                batch_size=self._batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
         return np.asarray(vectors, dtype=np.float32)
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
