@@ -37,7 +37,7 @@ from rag_stream.ingest.documents import DocumentDraft
 from rag_stream.ingest.parsing import parse_markdown
 from rag_stream.ingest.service import Ingestor
 from rag_stream.ingest.writer import IngestResult
-from rag_stream.retrieval.edge_store import EdgeBm25
+from rag_stream.retrieval.edge_bm25 import EdgeBm25
 from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
 from rag_stream.retrieval.qdrant_store import QdrantVectorStore
 from rag_stream.retrieval.retriever import Retriever

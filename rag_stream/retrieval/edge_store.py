@@ -1,83 +1,106 @@
-"""Chunk vectors in qdrant-edge (Qdrant's engine, in-process), and its BM25 encoder: the only
-module that imports ``qdrant_edge`` (pinned: the package is beta). Layout in ``vector_store``.
+"""Chunk vectors in qdrant-edge (Qdrant's engine, embedded), run in a worker process.
 
-One shard in one folder, opened by one process (a second gets ``StoreInUse``). The engine has
-no background optimizer: points land in an appendable segment, searched as they are, and
-``optimize()`` turns them into an indexed, immutable one (2-3x faster to search, deleted points
-vacuumed). It holds the GIL while it runs (5 s per 200k points here), which stalls every stream
-of the process, so this store runs it when it is worth the stall: after a write that leaves
-``optimize_after_points`` points unindexed (a large upload, which waits that long anyway), and
-once writes have paused for ``optimize_idle_s``. The CLI calls it when it is done writing.
+Qdrant's engine holds the GIL for the whole of each call. A search is milliseconds, but
+building the indexes (``optimize()``) takes ~1 s per 20k new points and 5 s at 200k, and in the
+API process that froze every stream for as long. So the shard lives in a worker process
+(``edge_worker.py`` runs ``edge_shard.Shard``) and this class forwards each call to it over a
+pipe (~0.1 ms), one at a time; the API process only waits, in a thread, with the GIL free.
+Only ``edge_shard`` and ``edge_bm25`` import ``qdrant_edge`` (pinned: the package is beta).
 
-Dense vectors are searched exactly, with no HNSW graph (``m=0``): within one knowledge base the
-scan takes 0.6 ms per 10k chunks once optimized, recall is exact, and the graph would cost
-minutes of that GIL-held optimize per 200k chunks. The ``kb_id`` keyword index is a tenant
-index, so optimized segments keep each knowledge base's points together.
+One shard in one folder, opened by one process: the worker opens it when this store is made,
+so a second process fails at once (``StoreInUse``); the worker dies with its API process,
+releasing the folder. If the worker dies on its own, the next call starts a new one (which
+reopens the shard from its write-ahead log) and is tried once more: every call is idempotent.
+
+The engine has no background optimizer: points land in an appendable segment, searched as they
+are, and ``optimize()`` turns them into an indexed, immutable one (2-3x faster to search, deleted
+points vacuumed). This store runs it after a write that leaves ``optimize_after_points`` points
+unindexed (a large upload) and once writes have paused for ``optimize_idle_s``; searches wait
+for it (streams do not). The CLI calls it when it is done writing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import anyio
-import numpy as np
-import qdrant_edge as qe
 
-from rag_stream.retrieval.filters import AnyKeyword, Condition, Exact, meta_conditions
-from rag_stream.retrieval.sparse import SparseVector
-from rag_stream.retrieval.vector_store import (
-    DENSE,
-    RRF_K,
-    SPARSE,
-    VectorHit,
-    VectorPoint,
-    VectorQuery,
-    chunk_id_of,
-    cosine_at_least,
-    point_id,
-)
+from rag_stream.errors import VectorStoreUnavailable
+from rag_stream.retrieval.edge_shard import StoreInUse
+from rag_stream.retrieval.edge_worker import read_frame, write_frame
+from rag_stream.retrieval.vector_store import VectorHit, VectorPoint, VectorQuery
 from rag_stream.schemas.kbs import MetaValue
 
+__all__ = ["EdgeVectorStore", "StoreInUse"]
+
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+_STOP_TIMEOUT_S = 30.0  # a worker finishing an optimize before it closes the shard
 
 
-class StoreInUse(RuntimeError):
-    """Another process has the shard open."""
+class _WorkerDied(Exception):
+    pass
 
 
-class EdgeBm25:
-    """BM25 vectors from qdrant-edge's encoder (Rust): the multilingual tokenizer segments
-    Chinese (a jieba-class dictionary segmenter, which also emits the words inside compounds:
-    数据库 gives 数据 and 数据库) and splits other scripts on word boundaries; English is
-    stemmed (Snowball) and English and Chinese stop words are dropped. The same configuration
-    on a Qdrant server's BM25 gives the same vectors."""
+class _Worker:
+    """One worker process and its pipes. Started from the event loop's thread: the kernel
+    kills the worker when the thread that started it ends."""
 
-    def __init__(self, avg_len: float = 120.0) -> None:
-        config = qe.Bm25Config(
-            avg_len=avg_len,  # terms in a chunk of ~200 embedder tokens, measured on docs/
-            tokenizer=qe.TokenizerType.Multilingual,
-            language="english",
-            stopwords=qe.StopwordsSet(languages={qe.Language.English, qe.Language.Chinese}),
+    def __init__(self, path: Path) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "rag_stream.retrieval.edge_worker", str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
-        self._model = qe.Bm25(config)
+        self._lock = threading.Lock()
 
-    def encode_documents(self, texts: Sequence[str]) -> list[SparseVector]:
-        return [_ours(self._model.embed_document(t)) for t in texts]
+    def opened(self) -> None:
+        """Wait for the shard to open; its error (``StoreInUse``...) if it could not."""
+        with self._lock:
+            ok, value = self._reply()
+        if not ok:
+            self.stop()
+            raise value
 
-    def encode_query(self, text: str) -> SparseVector:
-        return _ours(self._model.embed_query(text))
+    def call(self, method: str, *args: Any) -> Any:
+        with self._lock:
+            assert self._proc.stdin is not None
+            try:
+                write_frame(self._proc.stdin, (method, args))
+            except (BrokenPipeError, OSError) as exc:
+                raise _WorkerDied from exc
+            ok, value = self._reply()
+        if not ok:
+            raise value
+        return value
 
+    def alive(self) -> bool:
+        return self._proc.poll() is None
 
-def _ours(vector: qe.SparseVector) -> SparseVector:
-    pairs = sorted(zip(vector.indices, vector.values, strict=True))
-    return SparseVector([i for i, _ in pairs], [v for _, v in pairs])
+    def stop(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+    def _reply(self) -> tuple[bool, Any]:
+        assert self._proc.stdout is not None
+        try:
+            return cast(tuple[bool, Any], read_frame(self._proc.stdout))
+        except EOFError:
+            raise _WorkerDied(f"exit code {self._proc.wait()}") from None
 
 
 class EdgeVectorStore:
@@ -90,8 +113,8 @@ class EdgeVectorStore:
         self._path = path
         self._optimize_after = optimize_after_points
         self._idle_s = optimize_idle_s
-        # Opened now when it exists, so a second process fails at start, not at first use.
-        self._shard: qe.EdgeShard | None = _load(path) if _exists(path) else None
+        self._worker: _Worker | None = _Worker(path)
+        self._worker.opened()
         self._unindexed = 0  # points written or deleted since the last optimize
         self._last_write = 0.0
         self._idle: asyncio.Task[None] | None = None
@@ -102,42 +125,18 @@ class EdgeVectorStore:
         return self._unindexed
 
     async def ensure(self, dimension: int) -> None:
-        if self._shard is None:
-            self._path.mkdir(parents=True, exist_ok=True)
-            self._shard = await _off(_create, self._path, dimension)
-            return
-        try:  # a shard made with another embedder: its vectors are of no use to this one
-            await self._run(lambda shard: _query_one(shard, [0.0] * dimension))
-        except Exception as exc:
-            raise RuntimeError(
-                f"the vector store in {self._path} does not take {dimension}-dimensional "
-                f"vectors (was the embedder changed?): run `rag-stream reindex`"
-            ) from exc
+        await self._call("ensure", dimension)
 
     async def upsert(self, points: Sequence[VectorPoint]) -> None:
-        if not points:
-            return
-        edge_points = [
-            qe.Point(
-                point_id(p.chunk_id),
-                {
-                    DENSE: np.asarray(p.vector, dtype=np.float32).tolist(),
-                    SPARSE: qe.SparseVector(p.sparse.indices, p.sparse.values),
-                },
-                {"kb_id": p.kb_id, "document_id": p.document_id, "meta": dict(p.meta)},
-            )
-            for p in points
-        ]
-        await self._write(qe.UpdateOperation.upsert_points(edge_points), len(points))
+        if points:
+            await self._write("upsert", list(points), count=len(points))
 
     async def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
         if chunk_ids:
-            operation = qe.UpdateOperation.delete_points([point_id(c) for c in chunk_ids])
-            await self._write(operation, len(chunk_ids))
+            await self._write("delete_chunks", list(chunk_ids), count=len(chunk_ids))
 
     async def delete_kb(self, kb_id: str) -> None:
-        operation = qe.UpdateOperation.delete_points_by_filter(_kb_filter(kb_id))
-        await self._write(operation, 1)
+        await self._write("delete_kb", kb_id, count=1)
 
     async def search(
         self,
@@ -148,90 +147,36 @@ class EdgeVectorStore:
         score_threshold: float | None = None,
         with_vectors: bool = False,
     ) -> list[VectorHit]:
-        groups = meta_conditions(meta_filter)
-        if groups is None:
-            return []
-        kb = _kb_filter(kb_id)
-        flt = qe.Filter(must=[_kb_condition(kb_id), *map(_group, groups)])
-        idf = qe.SearchParams(idf=qe.IdfParams(corpus=kb))  # BM25 over this KB's chunks
-        fetch_vectors = with_vectors or (score_threshold is not None and query.mode != "dense")
-        dense: list[float] = []
-        if query.dense is not None:
-            dense = np.asarray(query.dense, dtype=np.float32).tolist()
-        sparse = qe.SparseVector([], [])
-        if query.sparse is not None:
-            sparse = qe.SparseVector(query.sparse.indices, query.sparse.values)
-        common: dict[str, Any] = {
-            "limit": limit,
-            "filter": flt,
-            "with_vector": [DENSE] if fetch_vectors else False,
-            "with_payload": False,
-        }
-        if query.mode == "dense":
-            request = qe.QueryRequest(
-                query=qe.Query.Nearest(dense, using=DENSE),
-                score_threshold=score_threshold,
-                **common,
-            )
-        elif query.mode == "sparse":
-            request = qe.QueryRequest(
-                query=qe.Query.Nearest(sparse, using=SPARSE), params=idf, **common
-            )
-        else:
-            depth = 2 * limit  # a chunk ranked lower in both lists can beat one found once
-            request = qe.QueryRequest(
-                prefetches=[
-                    qe.Prefetch(
-                        depth,
-                        query=qe.Query.Nearest(dense, using=DENSE),
-                        filter=flt,
-                        score_threshold=score_threshold,
-                    ),
-                    qe.Prefetch(
-                        depth, query=qe.Query.Nearest(sparse, using=SPARSE), filter=flt, params=idf
-                    ),
-                ],
-                query=cast(Any, qe.Fusion.Rrf(k=RRF_K)),  # the stubs miss the nesting
-                **common,
-            )
-        points = await self._run(lambda shard: shard.query(request))
-        hits = [VectorHit(chunk_id_of(p.id), float(p.score), _dense_of(p.vector)) for p in points]
-        if query.mode != "dense":
-            hits = cosine_at_least(hits, query.dense, score_threshold)
-        if not with_vectors:
-            hits = [VectorHit(h.chunk_id, h.score, None) for h in hits]
-        return hits
+        flt = dict(meta_filter) if meta_filter is not None else None
+        hits = await self._call("search", kb_id, query, limit, flt, score_threshold, with_vectors)
+        return cast(list[VectorHit], hits)
 
     async def optimize(self) -> None:
         async with self._lock:
             await self._optimize_locked()
 
     async def count(self, kb_id: str | None = None) -> int:
-        flt = _kb_filter(kb_id) if kb_id else None
-        return await self._run(lambda shard: shard.count(qe.CountRequest(filter=flt, exact=True)))
+        return cast(int, await self._call("count", kb_id))
 
     async def point_ids(self, kb_id: str) -> set[str]:
         """Every chunk id of a knowledge base (tests and reindex checks)."""
-        request = qe.ScrollRequest(limit=1_000_000, filter=_kb_filter(kb_id), with_payload=False)
-        records, _ = await self._run(lambda shard: shard.scroll(request))
-        return {chunk_id_of(r.id) for r in records}
+        return cast(set[str], await self._call("point_ids", kb_id))
 
     async def ping(self) -> None:
-        if self._shard is None:
-            raise RuntimeError("the vector store is not set up (ensure was not called)")
+        await self._call("ping")
 
     async def close(self) -> None:
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        if self._shard is not None:
-            shard, self._shard = self._shard, None
+        worker, self._worker = self._worker, None
+        if worker is not None:
             async with self._lock:
-                await _off(shard.close)
+                await anyio.to_thread.run_sync(worker.stop)
 
-    async def _write(self, operation: qe.UpdateOperation, count: int) -> None:
+    async def _write(self, method: str, *args: Any, count: int) -> None:
         async with self._lock:
-            await self._run(lambda shard: shard.update(operation))
+            await self._call(method, *args)
             self._unindexed += count
             self._last_write = time.monotonic()
             if self._optimize_after and self._unindexed >= self._optimize_after:
@@ -241,9 +186,7 @@ class EdgeVectorStore:
     async def _optimize_locked(self) -> None:
         if self._unindexed == 0:
             return
-        began = time.perf_counter()
-        await self._run(lambda shard: shard.optimize())
-        took = time.perf_counter() - began
+        took = await self._call("optimize")
         log.info("vector store: indexed %d changes in %.2f s", self._unindexed, took)
         self._unindexed = 0
 
@@ -263,78 +206,29 @@ class EdgeVectorStore:
                 log.warning("vector store: optimize failed: %s", exc)
                 return
 
-    async def _run(self, call: Callable[[qe.EdgeShard], T]) -> T:
-        shard = self._shard
-        if shard is None:
-            raise RuntimeError("the vector store is closed or not set up")
-        return await _off(call, shard)
+    async def _call(self, method: str, *args: Any) -> Any:
+        for attempt in (1, 2):
+            worker = await self._live_worker()
+            try:
+                return await anyio.to_thread.run_sync(worker.call, method, *args)
+            except _WorkerDied as exc:
+                log.warning("vector store: the worker process died (%s)", exc)
+                if attempt == 2:
+                    raise VectorStoreUnavailable("the vector store's worker process died") from exc
+        raise AssertionError("unreachable")
 
-
-async def _off(call: Callable[..., T], *args: Any) -> T:
-    return await anyio.to_thread.run_sync(call, *args)
-
-
-def _exists(path: Path) -> bool:
-    return (path / "edge_config.json").is_file()
-
-
-def _load(path: Path) -> qe.EdgeShard:
-    try:
-        return qe.EdgeShard.load(str(path))
-    except Exception as exc:
-        if "WouldBlock" in str(exc):  # its write-ahead log is locked by another process
-            raise StoreInUse(str(path)) from None
-        raise
-
-
-def _create(path: Path, dimension: int) -> qe.EdgeShard:
-    config = qe.EdgeConfig(
-        vectors={DENSE: qe.EdgeVectorParams(dimension, qe.Distance.Cosine)},
-        sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
-        hnsw_config=qe.HnswIndexConfig(m=0, ef_construct=100, full_scan_threshold=10_000),
-        # Up to 8 optimized segments before they are merged: with the default (about one a
-        # core) every optimize re-merged everything (10 s at 200k points, growing); with 8 it
-        # stays ~1 s per 20k new points and a search visits a few more segments.
-        optimizers=qe.EdgeOptimizersConfig(default_segment_number=8),
-    )
-    shard = qe.EdgeShard.create(str(path), config)
-    shard.update(
-        qe.UpdateOperation.create_field_index("kb_id", qe.KeywordIndexParams(is_tenant=True))
-    )
-    shard.update(qe.UpdateOperation.create_field_index("document_id", qe.PayloadSchemaType.Keyword))
-    return shard
-
-
-def _query_one(shard: qe.EdgeShard, vector: list[float]) -> None:
-    shard.query(qe.QueryRequest(limit=1, query=qe.Query.Nearest(vector, using=DENSE)))
-
-
-def _dense_of(vector: Any) -> list[float] | None:
-    value = vector.get(DENSE) if isinstance(vector, dict) else None
-    return [float(x) for x in value] if isinstance(value, list) else None
-
-
-def _kb_condition(kb_id: str) -> qe.FieldCondition:
-    return qe.FieldCondition("kb_id", match=qe.MatchValue(kb_id))
-
-
-def _kb_filter(kb_id: str) -> qe.Filter:
-    return qe.Filter(must=[_kb_condition(kb_id)])
-
-
-def _condition(c: Condition) -> qe.FieldCondition:
-    if isinstance(c, AnyKeyword):
-        return qe.FieldCondition(c.key, match=qe.MatchAny(c.values))
-    if isinstance(c, Exact):
-        # The binding reads a Python bool as an int (bool is one) and true would match 1;
-        # numpy's bool is no int, so it arrives as a boolean.
-        value: Any = np.bool_(c.value) if isinstance(c.value, bool) else c.value
-        return qe.FieldCondition(c.key, match=qe.MatchValue(value))
-    assert math.isfinite(c.value)
-    return qe.FieldCondition(c.key, range=qe.RangeFloat(gte=c.value, lte=c.value))
-
-
-def _group(group: list[Condition]) -> qe.FieldCondition | qe.Filter:
-    if len(group) == 1:
-        return _condition(group[0])
-    return qe.Filter(should=[_condition(c) for c in group])
+    async def _live_worker(self) -> _Worker:
+        worker = self._worker
+        if worker is None:
+            raise RuntimeError("the vector store is closed")
+        if worker.alive():
+            return worker
+        replacement = _Worker(self._path)  # here, in the event loop's thread (see _Worker)
+        try:
+            await anyio.to_thread.run_sync(replacement.opened)
+        except StoreInUse as exc:
+            raise VectorStoreUnavailable(
+                "the vector store's folder is held by another process"
+            ) from exc
+        self._worker = replacement
+        return replacement

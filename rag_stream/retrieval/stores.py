@@ -15,7 +15,8 @@ from pathlib import Path
 from qdrant_client import AsyncQdrantClient
 
 from rag_stream.errors import ConfigError
-from rag_stream.retrieval.edge_store import EdgeBm25, EdgeVectorStore, StoreInUse
+from rag_stream.retrieval.edge_bm25 import EdgeBm25
+from rag_stream.retrieval.edge_store import EdgeVectorStore, StoreInUse
 from rag_stream.retrieval.qdrant_store import LEGACY_COLLECTION, QdrantVectorStore
 from rag_stream.retrieval.reindex import legacy_local_store
 from rag_stream.retrieval.sparse import SparseEncoder

@@ -16,7 +16,8 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from rag_stream.ingest.service import Ingestor
-from rag_stream.retrieval.edge_store import EdgeBm25, EdgeVectorStore
+from rag_stream.retrieval.edge_bm25 import EdgeBm25
+from rag_stream.retrieval.edge_store import EdgeVectorStore
 from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
 from rag_stream.retrieval.qdrant_store import COLLECTION, QdrantVectorStore
 from rag_stream.retrieval.retriever import Retriever
