@@ -16,8 +16,11 @@
    the same chunk texts, alternating, median of the repetitions.
 
     .venv/bin/python scripts/bench_retrieval.py [--sizes 1000 20000 200000] [--local-max 200000]
+        [--backends edge local] [--local-queries 5] [--reps 3] [--out retrieval.json]
 
-Raw results go to docs/bench/retrieval.json.
+Raw results go to docs/bench/retrieval.json (``--out``). Local mode past 20k chunks runs
+``--local-queries`` queries per mode (seconds each). The evaluation set here is set A; the
+held-out set B and the RRF and BM25-encoder studies are in bench_retrieval_quality.py.
 """
 
 from __future__ import annotations
@@ -44,10 +47,12 @@ from sqlalchemy import insert
 from rag_stream.ingest.documents import DocumentDraft
 from rag_stream.ingest.parsing import parse_markdown
 from rag_stream.ingest.service import Ingestor
-from rag_stream.retrieval.edge_store import EdgeBm25, EdgeVectorStore
+from rag_stream.retrieval.edge_bm25 import EdgeBm25
+from rag_stream.retrieval.edge_store import EdgeVectorStore
 from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
 from rag_stream.retrieval.qdrant_store import QdrantVectorStore
 from rag_stream.retrieval.retriever import Retriever, SearchHit
+from rag_stream.retrieval.sparse import SparseEncoder
 from rag_stream.retrieval.vector_store import VectorPoint, VectorQuery
 from rag_stream.schemas.kbs import SearchMode
 from rag_stream.settings import IngestSettings, load_settings
@@ -74,10 +79,12 @@ class EvalSet:
     questions: list[tuple[str, str, str]]  # language, question, passage id
 
 
-def load_eval() -> EvalSet:
+def load_eval(suffix: str = "") -> EvalSet:
+    """The evaluation set in ``zh{suffix}.json`` and ``en{suffix}.json``: "" is the first one
+    (set A), "_b" the held-out one written later (set B, see bench_retrieval_quality.py)."""
     data = EvalSet([], {}, [])
     for lang in ("zh", "en"):
-        raw = json.loads((EVAL / f"{lang}.json").read_text(encoding="utf-8"))
+        raw = json.loads((EVAL / f"{lang}{suffix}.json").read_text(encoding="utf-8"))
         for doc in raw["docs"]:
             text = f"# {doc['title']}\n\n"
             for p in doc["passages"]:
@@ -98,8 +105,15 @@ def covers(hit: SearchHit, passage: Passage) -> bool:
 
 
 class Stack:
-    def __init__(self, root: Path, backend: str, embedder: SentenceTransformerEmbedder) -> None:
+    def __init__(
+        self,
+        root: Path,
+        backend: str,
+        embedder: SentenceTransformerEmbedder,
+        sparse: SparseEncoder | None = None,  # edge's BM25 unless given
+    ) -> None:
         self.root, self.backend, self.embedder = root, backend, embedder
+        self.sparse: SparseEncoder = sparse or EdgeBm25()
 
     async def open(self) -> None:
         url = f"sqlite+aiosqlite:///{self.root / 'db.sqlite'}"
@@ -110,7 +124,6 @@ class Stack:
         else:
             self.vectors = QdrantVectorStore(AsyncQdrantClient(path=str(self.root / "qdrant")))
         await self.vectors.ensure(self.embedder.dimension)
-        self.sparse = EdgeBm25()
         self.ingestor = Ingestor(
             self.sessions, self.vectors, self.embedder, IngestSettings(), sparse=self.sparse
         )
@@ -281,7 +294,7 @@ async def main(args: argparse.Namespace) -> None:
                  "en": sum(lang == "en" for lang, _, _ in data.questions)},
         "quality": {}, "latency": {},
     }  # fmt: skip
-    for backend in ("edge", "local"):
+    for backend in args.backends:
         for size in args.sizes:
             if backend == "local" and size > args.local_max:
                 continue
@@ -306,7 +319,7 @@ async def main(args: argparse.Namespace) -> None:
                     if backend == "edge" or size <= 1000
                     else 20
                     if size <= 20000
-                    else 5
+                    else args.local_queries
                 )
                 if backend == "edge":
                     entry["right_after_upload"] = await latency(
@@ -315,7 +328,7 @@ async def main(args: argparse.Namespace) -> None:
                     began = time.perf_counter()
                     await stack.vectors.optimize()
                     entry["optimize_s"] = round(time.perf_counter() - began, 2)
-                for mode in MODES:
+                for mode in args.modes:
                     entry[mode] = await latency(stack, kbs[0], questions, mode, n)
                 report["latency"].setdefault(backend, {})[str(size)] = entry
                 print(backend, size, json.dumps(entry), flush=True)
@@ -323,10 +336,11 @@ async def main(args: argparse.Namespace) -> None:
     if args.quality_only:
         print(json.dumps(report["quality"], indent=1, ensure_ascii=False))
         return
-    report["ingestion"] = await ingestion(embedder, vocab, args.reps)
-    print("ingestion", json.dumps(report["ingestion"]), flush=True)
+    if args.reps:
+        report["ingestion"] = await ingestion(embedder, vocab, args.reps)
+        print("ingestion", json.dumps(report["ingestion"]), flush=True)
     report["machine"]["load_after"] = os.getloadavg()
-    out = ROOT / "docs" / "bench" / "retrieval.json"
+    out = ROOT / "docs" / "bench" / args.out
     out.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {out}")
 
@@ -336,6 +350,10 @@ if __name__ == "__main__":
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 20000, 200000])
     parser.add_argument("--local-max", type=int, default=200000)
     parser.add_argument("--queries", type=int, default=100)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="ingestion repetitions (0: none)")
+    parser.add_argument("--backends", nargs="+", default=["edge", "local"])
+    parser.add_argument("--modes", nargs="+", default=MODES, help="latency: which modes")
+    parser.add_argument("--local-queries", type=int, default=5, help="local mode past 20k")
+    parser.add_argument("--out", default="retrieval.json", help="file name in docs/bench/")
     parser.add_argument("--quality-only", action="store_true")
     asyncio.run(main(parser.parse_args()))

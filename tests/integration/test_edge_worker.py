@@ -118,7 +118,7 @@ asyncio.run(main())
 """
 
 
-async def test_the_folder_is_released_when_its_api_process_is_killed(tmp_path: Path) -> None:
+def test_the_folder_is_released_when_its_api_process_is_killed(tmp_path: Path) -> None:
     folder = tmp_path / "v"
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLDER, str(folder)], stdout=subprocess.PIPE, text=True
@@ -131,10 +131,13 @@ async def test_the_folder_is_released_when_its_api_process_is_killed(tmp_path: P
         holder.wait()
         deadline = time.monotonic() + 10
         while _worker_pids(folder) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+            time.sleep(0.05)
         assert _worker_pids(folder) == []  # the kernel took the worker down with it
-        store = EdgeVectorStore(folder)  # and the folder is free again
-        await store.close()
+        asyncio.run(_open_and_close(folder))  # and the folder is free again
     finally:
         holder.kill()
         holder.wait()
+
+
+async def _open_and_close(folder: Path) -> None:
+    await EdgeVectorStore(folder).close()
