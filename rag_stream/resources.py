@@ -14,6 +14,7 @@ from rag_stream.ingest.service import Ingestor
 from rag_stream.metrics import Metrics
 from rag_stream.pipeline.answer import AnswerKind
 from rag_stream.pipeline.generate import GenerateKind
+from rag_stream.pipeline.job import JobKind
 from rag_stream.retrieval.embedder import Embedder
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import VectorStore
@@ -42,6 +43,7 @@ class Resources:
     streams: Streams
     answers: AnswerKind
     generation: GenerateKind
+    jobs: JobKind  # long-document generation jobs
     coalescing: CoalescePolicy  # tokens per event, per request
     admission: Admission  # how many streams generate and wait here; 429 beyond
     keys: KeyRing  # who is calling (api/deps.py get_caller)

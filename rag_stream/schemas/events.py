@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
 
 # Why a stream (or one engine request) ended.
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -49,6 +55,45 @@ class Token(_Event):
     index: int
     text: str
     token_ids: list[int]
+    section: int | None = None  # a job's section (0-based); absent on other streams
+
+    @model_serializer(mode="wrap")
+    def _without_absent_section(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        if data.get("section", 0) is None:
+            del data["section"]  # other streams' token events stay exactly as they were
+        return data
+
+
+class JobStarted(_Event):
+    """A job's stream: its second event (id 1), after ``stream``."""
+
+    type: Literal["job"] = "job"
+    job_id: str
+    kb_id: str
+    title: str
+    sections: int  # planned or given headings (the outline event names them)
+
+
+class Outline(_Event):
+    type: Literal["outline"] = "outline"
+    headings: list[str]
+    planned: bool  # written by the model (no outline in the request)
+
+
+class SectionStarted(_Event):
+    type: Literal["section"] = "section"
+    index: int  # 0-based
+    heading: str
+
+
+class SectionDone(_Event):
+    type: Literal["section_done"] = "section_done"
+    index: int
+    tokens: int  # generated for this section
+    finish_reason: FinishReason
+    prompt_tokens: int = 0  # the section's prompt
+    cached_tokens: int = 0  # of which served from the prefix cache
 
 
 class Usage(BaseModel):
@@ -85,7 +130,18 @@ class TransientError(ErrorEvent):
     without an SSE id and a client's Last-Event-ID still points at the last logged event."""
 
 
-Event = Annotated[StreamStarted | Citation | Token | Done | ErrorEvent, Field(discriminator="type")]
+Event = Annotated[
+    StreamStarted
+    | Citation
+    | Token
+    | Done
+    | ErrorEvent
+    | JobStarted
+    | Outline
+    | SectionStarted
+    | SectionDone,
+    Field(discriminator="type"),
+]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 TERMINAL_TYPES = frozenset({"done", "error"})
 

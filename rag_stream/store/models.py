@@ -173,6 +173,8 @@ class StreamRecord(Base):
 
 class Conversation(Base):
     __tablename__ = "conversations"
+    # GET /v1/conversations: a tenant's, newest first
+    __table_args__ = (Index("ix_conversations_tenant_created", "tenant", "created_at"),)
 
     id: Mapped[str] = mapped_column(NulFreeString(32), primary_key=True, default=new_id)
     tenant: Mapped[str] = _tenant_column()
@@ -205,3 +207,43 @@ class Message(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     conversation: Mapped[Conversation] = relationship(back_populates="messages")
+
+
+class Job(Base):
+    """A long-document generation job; its events are the stream ``stream_id``."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_tenant_created", "tenant", "created_at"),)
+
+    id: Mapped[str] = mapped_column(NulFreeString(32), primary_key=True, default=new_id)
+    tenant: Mapped[str] = _tenant_column()
+    kb_id: Mapped[str] = mapped_column(NulFreeString(32))
+    title: Mapped[str] = mapped_column(NulFreeText)
+    instructions: Mapped[str | None] = mapped_column(NulFreeText)
+    # the request as accepted (schemas/jobs.py JobSpec), then the outline once known
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(NulFreeString(16), default="queued")
+    stream_id: Mapped[str | None] = mapped_column(NulFreeString(64), unique=True)
+    sections_total: Mapped[int] = mapped_column(Integer, default=0)
+    sections_done: Mapped[int] = mapped_column(Integer, default=0)
+    tokens: Mapped[int] = mapped_column(Integer, default=0)
+    error_code: Mapped[str | None] = mapped_column(NulFreeString(64))
+    error_message: Mapped[str | None] = mapped_column(NulFreeText)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class JobSection(Base):
+    """One finished section of a job: its text and the sources it cites."""
+
+    __tablename__ = "job_sections"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    heading: Mapped[str] = mapped_column(NulFreeText)
+    text: Mapped[str] = mapped_column(NulFreeText)
+    tokens: Mapped[int] = mapped_column(Integer, default=0)
+    finish_reason: Mapped[str] = mapped_column(NulFreeString(16))
+    citations: Mapped[dict[str, Any]] = mapped_column(default=dict)  # schemas/jobs.py
+    finished_at: Mapped[datetime] = mapped_column(default=utcnow)

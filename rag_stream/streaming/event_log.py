@@ -52,6 +52,7 @@ class StreamMeta:
     cancel: bool
     lease_owner: str | None
     last_event_id: int
+    detached: bool = False  # see NewStream
 
     @classmethod
     def from_fields(
@@ -76,6 +77,7 @@ class StreamMeta:
             cancel=fields.get("cancel") == "1",
             lease_owner=lease_owner,
             last_event_id=last_event_id,
+            detached=fields.get("detached") == "1",
         )
 
     @property
@@ -86,6 +88,7 @@ class StreamMeta:
             created=self.created,
             wire=self.wire,
             tenant=self.tenant,
+            detached=self.detached,
         )
 
 
@@ -110,6 +113,8 @@ class NewStream:
     created: float
     wire: str | None = None  # the response format a resume must use (opaque here)
     tenant: str = LOCAL_TENANT
+    # Runs whether or not anyone reads it (a background job): never ended as abandoned.
+    detached: bool = False
 
     def fields(self) -> dict[str, str]:
         fields = {
@@ -120,6 +125,8 @@ class NewStream:
         }
         if self.wire is not None:
             fields["wire"] = self.wire
+        if self.detached:
+            fields["detached"] = "1"
         return fields
 
 

@@ -63,6 +63,7 @@ class Producers:
         wire: str | None = None,
         ticket: Ticket | None = None,
         tenant: str = LOCAL_TENANT,
+        detached: bool = False,
     ) -> str:
         """Create a stream of ``kind`` and run its first producer; return the stream id.
         ``wire`` is stored with it for the API layer (the format a resume renders); with a
@@ -76,7 +77,12 @@ class Producers:
             created=time.time(),
         )
         new = NewStream(
-            model=producer.model, kind=kind.name, created=first.created, wire=wire, tenant=tenant
+            model=producer.model,
+            kind=kind.name,
+            created=first.created,
+            wire=wire,
+            tenant=tenant,
+            detached=detached,
         )
         await self.event_log.create(sid, first, new, self.owner, self.cfg.lease_ms)
         self.spawn(sid, new, [first], lambda: producer, ticket=ticket)
@@ -120,6 +126,7 @@ class Producers:
             self.cfg,
             publish=lambda events: feeds.publish(sid, events),
             local_seen_ms=lambda: feeds.local_seen_ms(sid),
+            abandonable=not new.detached,
         )
         try:
             # the writer renews the lease while the stream waits for its generation slot

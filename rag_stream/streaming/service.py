@@ -61,12 +61,14 @@ class Streams:
         wire: str | None = None,
         ticket: Ticket | None = None,
         tenant: str = LOCAL_TENANT,
+        detached: bool = False,
     ) -> str:
         """Create a stream of ``kind`` and run ``producer`` (its first run); return its id.
         ``wire`` (opaque here) tells a later resume how the API renders the stream; the
         ``ticket`` (from ``Admission``) is its place in this process's generation queue; only
-        ``tenant`` may read, resume or cancel it."""
-        return await self.producers.start(kind, producer, wire, ticket, tenant)
+        ``tenant`` may read, resume or cancel it; a ``detached`` stream runs to its end with no
+        reader (never abandoned)."""
+        return await self.producers.start(kind, producer, wire, ticket, tenant, detached)
 
     def follow(self, sid: str, after: int = -1) -> AsyncIterator[Event]:
         return self.readers.follow(sid, after)

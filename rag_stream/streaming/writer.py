@@ -40,8 +40,10 @@ class StreamWriter:
         cfg: StreamingSettings,
         publish: Callable[[Sequence[Event]], None],
         local_seen_ms: Callable[[], int],
+        abandonable: bool = True,
     ) -> None:
         self._flusher = flusher
+        self._abandonable = abandonable  # False: a detached stream (NewStream.detached)
         self._sid = stream_id
         self._owner = owner
         self._cfg = cfg
@@ -105,8 +107,10 @@ class StreamWriter:
     def _abandoned(self, seen_ms: int) -> bool:
         """No reader anywhere (this process's, or another's heartbeat in the log) for a while."""
         limit = self._cfg.abandon_after_s
+        if not self._abandonable or limit <= 0:
+            return False
         seen = max(seen_ms, self._local_seen_ms())
-        return limit > 0 and seen > 0 and now_ms() - seen > limit * 1000
+        return seen > 0 and now_ms() - seen > limit * 1000
 
     def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Run ``callback`` when the stream must stop (cancel, abandon, lost lease or log)."""

@@ -133,3 +133,56 @@ def test_rows_from_before_tenants_belong_to_local_on_sqlite(tmp_path: Path) -> N
 
 def test_rows_from_before_tenants_belong_to_local_on_postgresql(postgres_db: str) -> None:
     _check_tenants_upgrade(postgres_db)
+
+
+def _check_jobs_upgrade(url: str) -> None:
+    """0004 adds jobs and their sections to a database in use; deleting a job deletes its
+    sections; a downgrade removes both and keeps the rest."""
+    from sqlalchemy import text
+
+    upgrade(url, "0003")
+    now = "2026-11-30 00:00:00+00:00"
+
+    async def run(statements: list[str]) -> list[object]:
+        engine = create_async_engine(url)
+        out: list[object] = []
+        async with engine.begin() as conn:
+            if url.startswith("sqlite"):
+                await conn.execute(text("PRAGMA foreign_keys=ON"))
+            for sql in statements:
+                result = await conn.execute(text(sql))
+                out.append(result.all() if result.returns_rows else None)
+        await engine.dispose()
+        return out
+
+    asyncio.run(
+        run([f"INSERT INTO knowledge_bases (id, name, created_at) VALUES ('k1', 'd', '{now}')"])
+    )
+    upgrade(url)
+    assert {"jobs", "job_sections"} <= _tables(url)
+    jobs, sections = asyncio.run(
+        run(
+            [
+                "INSERT INTO jobs (id, kb_id, title, spec, status, sections_total, sections_done, "
+                f"tokens, created_at) VALUES ('j1', 'k1', 'T', '{{}}', 'queued', 2, 0, 0, '{now}')",
+                'INSERT INTO job_sections (job_id, "index", heading, text, tokens, finish_reason, '
+                f"citations, finished_at) VALUES ('j1', 0, 'H', 'x', 1, 'stop', '{{}}', '{now}')",
+                "SELECT id, tenant, status FROM jobs",
+                "DELETE FROM jobs WHERE id = 'j1'",
+                "SELECT job_id FROM job_sections",
+            ]
+        )
+    )[2::2]
+    assert [tuple(r) for r in jobs] == [("j1", "local", "queued")]  # type: ignore[union-attr]
+    assert sections == []
+    command.downgrade(alembic_config(url), "0003")
+    assert not {"jobs", "job_sections"} & _tables(url)
+    assert "knowledge_bases" in _tables(url)
+
+
+def test_jobs_tables_upgrade_and_downgrade_on_sqlite(tmp_path: Path) -> None:
+    _check_jobs_upgrade(f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}")
+
+
+def test_jobs_tables_upgrade_and_downgrade_on_postgresql(postgres_db: str) -> None:
+    _check_jobs_upgrade(postgres_db)

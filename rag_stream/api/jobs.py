@@ -1,0 +1,98 @@
+"""Long-document generation jobs: start, list, inspect, follow, fetch, cancel, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import PlainTextResponse, Response
+from sse_starlette import EventSourceResponse
+
+from rag_stream.api.deps import ResourcesDep, SessionDep, SettingsDep, StreamsDep, TenantDep
+from rag_stream.api.streams import _cursor
+from rag_stream.errors import NotFound
+from rag_stream.pipeline.job_control import cancel_job, current_job, remove_job
+from rag_stream.pipeline.job_result import job_out, job_result, markdown
+from rag_stream.schemas.jobs import JobList, JobOut, JobRequest, JobResult
+from rag_stream.schemas.streams import EVENT_ID_MAX, SSE_RESPONSES
+from rag_stream.store.jobs import get_job, list_jobs, sections_of
+from rag_stream.streaming.sse import event_stream_response
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=202)
+async def create(body: JobRequest, resources: ResourcesDep, tenant: TenantDep) -> JobOut:
+    kind = resources.jobs
+    async with resources.admission.ticket("batch", tenant) as ticket:
+        job, run = await kind.accept(body, tenant)
+        await kind.start(resources.streams, run, ticket, tenant)
+    async with resources.sessions() as session:
+        return job_out(await get_job(session, job.id, tenant=tenant))
+
+
+@router.get("")
+async def list_(
+    session: SessionDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    before: Annotated[str | None, Query(description="a job id from the previous page")] = None,
+) -> JobList:
+    jobs, next_before = await list_jobs(session, tenant=tenant, limit=limit, before=before)
+    return JobList(data=[job_out(j) for j in jobs], limit=limit, next_before=next_before)
+
+
+@router.get("/{job_id}")
+async def status(job_id: str, resources: ResourcesDep, tenant: TenantDep) -> JobOut:
+    return job_out(await current_job(resources.sessions, resources.streams, job_id, tenant))
+
+
+@router.get("/{job_id}/events", response_class=EventSourceResponse, responses=SSE_RESPONSES)
+async def events(
+    job_id: str,
+    session: SessionDep,
+    streams: StreamsDep,
+    settings: SettingsDep,
+    tenant: TenantDep,
+    last_event_id_header: Annotated[
+        str | None, Header(alias="Last-Event-ID", description="resume after this event id")
+    ] = None,
+    last_event_id: Annotated[int | None, Query(ge=0, le=EVENT_ID_MAX)] = None,
+) -> Response:
+    job = await get_job(session, job_id, tenant=tenant)
+    if job.stream_id is None:
+        raise NotFound(f"job {job_id!r} has no events (it never started)")
+    cursor = _cursor(last_event_id_header, last_event_id)
+    await streams.check_cursor(job.stream_id, cursor, tenant=tenant)
+    batches = streams.follow_batches(job.stream_id, cursor)
+    keepalive = settings.streaming.keepalive_s
+    return event_stream_response(batches, keepalive, {"X-Stream-Id": job.stream_id})
+
+
+@router.get("/{job_id}/result", response_model=None, responses={200: {"model": JobResult}})
+async def result(
+    job_id: str,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    tenant: TenantDep,
+    format: Literal["markdown", "json"] = "markdown",
+) -> Response | JobResult:
+    job = await get_job(session, job_id, tenant=tenant)
+    base = str(settings.public_url or request.base_url).rstrip("/")
+    found = job_result(job, await sections_of(session, job.id), base)
+    if format == "json":
+        return found
+    return PlainTextResponse(markdown(found), media_type="text/markdown; charset=utf-8")
+
+
+@router.post("/{job_id}/cancel")
+async def cancel(job_id: str, resources: ResourcesDep, tenant: TenantDep) -> JobOut:
+    job = await cancel_job(resources.sessions, resources.streams, job_id, tenant)
+    return job_out(job)
+
+
+@router.delete("/{job_id}", status_code=204)
+async def delete(job_id: str, resources: ResourcesDep, tenant: TenantDep) -> Response:
+    await remove_job(resources.sessions, resources.streams, job_id, tenant)
+    return Response(status_code=204)

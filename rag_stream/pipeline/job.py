@@ -1,0 +1,300 @@
+"""The ``job`` kind: a long document from a knowledge base, one section after another.
+
+A job is one stream (so one event log with contiguous ids, one lease, resume and takeover):
+``stream``, ``job``, ``outline``, then per section ``section``, its ``citation``s, ``token``s
+(tagged with the section) and ``section_done``, then ``done`` (or ``error``).
+
+1. ``accept`` checks the request against ``jobs.*``, finds the KB, checks the longest section
+   prompt fits the window, and stores the job (``queued``).
+2. ``run`` plans the outline when none was given (``job_outline.py``), then for each section
+   (``job_section.py``): retrieval (heading + instructions + title), a prompt fitted to the
+   window (``job_prompt.py``), the plan saved (the section's prompt ids and sources), its
+   events, the token phase at ``batch`` priority, and the finished section written to SQL in a
+   session of its own.
+3. A continuation rebuilds the state from the log (``job_state.py``): finished sections stay as
+   they are, and the interrupted one continues from its saved prompt ids plus its logged token
+   ids, exactly as an answer's token phase does after a takeover.
+4. ``finish`` writes the job's end to SQL and builds ``done`` (usage summed over sections).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from rag_stream.errors import RagStreamError
+from rag_stream.generation.engine import Engine
+from rag_stream.generation.priority import ENGINE_PRIORITY, PriorityClass
+from rag_stream.generation.slot import EngineSlot
+from rag_stream.metrics import Metrics
+from rag_stream.pipeline import job_section
+from rag_stream.pipeline.job_accept import check_request
+from rag_stream.pipeline.job_outline import plan_outline
+from rag_stream.pipeline.job_section import SectionPlan
+from rag_stream.pipeline.job_state import JobState, SectionState
+from rag_stream.pipeline.tokens import TokenRun
+from rag_stream.retrieval.retriever import Retriever
+from rag_stream.schemas.events import (
+    Done,
+    Event,
+    FinishReason,
+    JobStarted,
+    Outline,
+    Timings,
+    Usage,
+)
+from rag_stream.schemas.jobs import JobRequest, JobSpec
+from rag_stream.settings import JobsSettings, LimitsSettings
+from rag_stream.store.jobs import (
+    FinishedSection,
+    create_job,
+    finish_job,
+    mark_running,
+    save_sections,
+    set_stream,
+)
+from rag_stream.store.models import Job
+from rag_stream.store.repositories import resolve_kb
+from rag_stream.store.streams import record_stream
+from rag_stream.streaming.admission import Ticket
+from rag_stream.streaming.context import StreamContext
+from rag_stream.streaming.event_log import StreamMeta
+from rag_stream.streaming.kinds import plan_error
+from rag_stream.streaming.service import Streams
+
+logger = logging.getLogger(__name__)
+BATCH = ENGINE_PRIORITY["batch"]
+
+
+class JobPlan(BaseModel):
+    """Saved in the stream's meta at the start and again before each section's events."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["job"] = "job"
+    job_id: str
+    kb_id: str
+    spec: JobSpec
+    queue_ms: float = 0.0
+    current: SectionPlan | None = None
+
+
+def _finished(section: SectionState) -> FinishedSection:
+    assert section.done is not None
+    return FinishedSection(
+        index=section.index,
+        heading=section.heading,
+        text=section.text,
+        tokens=section.done.tokens,
+        finish_reason=section.done.finish_reason,
+        citations=section.citations,
+    )
+
+
+@dataclass
+class JobRun:
+    """One run of a job's stream: the first, or a continuation after a takeover."""
+
+    kind: JobKind
+    model: str
+    plan: JobPlan
+    state: JobState = field(default_factory=JobState)
+    first: bool = True
+    accepted_at: float = field(default_factory=time.monotonic)
+    conversation_id: str | None = None
+    priority: PriorityClass = "batch"
+    retrieval_ms: float = 0.0
+    runs: list[TokenRun] = field(default_factory=list)  # this process's sections
+
+    async def run(self, ctx: StreamContext) -> FinishReason:
+        try:
+            return await self._run(ctx)
+        except RagStreamError as exc:
+            if ctx.writer.stop_reason is None:  # a real failure, not a stop or a takeover
+                await self._failed(exc.code, exc.message)
+            raise
+        except Exception:
+            if ctx.writer.stop_reason is None:
+                await self._failed("internal_error", "the job failed unexpectedly")
+            raise
+
+    async def _failed(self, code: str, message: str) -> None:
+        try:
+            await finish_job(self.kind.sessions, self.plan.job_id, "failed", (code, message))
+        except Exception:
+            logger.exception("job %s: could not record its failure", self.plan.job_id)
+
+    def _emit(self, ctx: StreamContext, make: Callable[[int], Event]) -> Event:
+        event = ctx.emit(make)
+        self.state.add(event)
+        return event
+
+    async def _run(self, ctx: StreamContext) -> FinishReason:
+        engine = await self.kind.engines.wait()
+        ctx.check()
+        plan, state = self.plan, self.state
+        if self.first:
+            self.plan = plan = plan.model_copy(update={"queue_ms": ctx.queue_ms})
+        spec = plan.spec
+        if state.started is None:
+            self._emit(
+                ctx,
+                lambda i: JobStarted(
+                    id=i,
+                    job_id=plan.job_id,
+                    kb_id=plan.kb_id,
+                    title=spec.title,
+                    sections=spec.sections,
+                ),
+            )
+        if state.outline is None:
+            headings = spec.outline or await self._plan_outline(ctx, engine)
+            ctx.check()
+            planned = spec.outline is None
+            self._emit(ctx, lambda i: Outline(id=i, headings=headings, planned=planned))
+        assert state.outline is not None
+        headings = state.outline.headings
+        await mark_running(self.kind.sessions, plan.job_id, headings)
+        await save_sections(self.kind.sessions, plan.job_id, [_finished(s) for s in state.finished])
+        for index in range(len(headings)):
+            section = state.sections.get(index)
+            if section is None or section.done is None:
+                await self._section(ctx, engine, index)
+            ctx.check()
+        return "stop"
+
+    async def _plan_outline(self, ctx: StreamContext, engine: Engine) -> list[str]:
+        cfg = self.kind.cfg
+        ctx.on_stop(lambda: engine.abort(f"{ctx.run_id}:outline0"))
+        ctx.on_stop(lambda: engine.abort(f"{ctx.run_id}:outline1"))
+        return await plan_outline(
+            engine, ctx.run_id, self.plan.spec, cfg.outline_tokens, cfg.max_heading_chars, BATCH
+        )
+
+    async def _section(self, ctx: StreamContext, engine: Engine, index: int) -> None:
+        kind, state = self.kind, self.state
+        plan = self.plan.current
+        if plan is None or plan.index != index:
+            plan = await job_section.prepare(
+                engine,
+                kind.retriever,
+                self.plan.kb_id,
+                self.plan.spec,
+                state,
+                index,
+                kind.cfg.tail_tokens,
+                BATCH,
+            )
+            self.retrieval_ms += plan.retrieval_ms
+            self.plan = self.plan.model_copy(update={"current": plan})
+            await ctx.save_plan(self.plan)  # before the section's first event
+        ctx.check()
+        self.runs.append(await job_section.write(ctx, engine, plan, state))
+        await save_sections(kind.sessions, self.plan.job_id, [_finished(state.sections[index])])
+
+    def _timings(self, ctx: StreamContext) -> Timings:
+        firsts = [r.first_token_at for r in self.runs if r.first_token_at is not None]
+        lasts = [r.finished_at for r in self.runs if r.finished_at is not None]
+        tokens = sum(r.completion_tokens for r in self.runs)
+        if not firsts or not lasts:
+            return Timings(queue_ms=self.plan.queue_ms, retrieval_ms=self.retrieval_ms)
+        decode_ms = (max(lasts) - min(firsts)) * 1000
+        return Timings(
+            queue_ms=self.plan.queue_ms,
+            retrieval_ms=self.retrieval_ms,
+            ttft_ms=(min(firsts) - ctx.started) * 1000,
+            decode_ms=decode_ms,
+            tpot_ms=decode_ms / (tokens - 1) if tokens > 1 else 0.0,
+        )
+
+    async def finish(self, ctx: StreamContext, reason: FinishReason, event_id: int) -> Done:
+        kind, state = self.kind, self.state
+        finished = [s for s in state.finished if s.done is not None]
+        usage = Usage(
+            prompt_tokens=sum(s.done.prompt_tokens for s in finished if s.done),
+            completion_tokens=sum(s.done.tokens for s in finished if s.done),
+            cached_tokens=sum(s.done.cached_tokens for s in finished if s.done),
+        )
+        done = Done(id=event_id, finish_reason=reason, usage=usage, timings=self._timings(ctx))
+        total = len(state.outline.headings) if state.outline else None
+        complete = total is not None and len(finished) == total
+        status = "cancelled" if reason == "cancelled" else "completed" if complete else "failed"
+        await save_sections(kind.sessions, self.plan.job_id, [_finished(s) for s in finished])
+        await finish_job(kind.sessions, self.plan.job_id, status)
+        async with kind.sessions() as session:
+            await record_stream(
+                session,
+                tenant=ctx.tenant,
+                stream_id=ctx.stream_id,
+                kind=kind.name,
+                model=self.model,
+                conversation_id=None,
+                finish_reason=reason,
+                text="",  # the document is in job_sections
+                usage=usage.model_dump(),
+            )
+            await session.commit()
+        kind.metrics.observe_done(kind.name, done)
+        return done
+
+
+class JobKind:
+    name = "job"
+
+    def __init__(
+        self,
+        engines: EngineSlot,
+        sessions: async_sessionmaker[AsyncSession],
+        retriever: Retriever,
+        metrics: Metrics,
+        cfg: JobsSettings,
+        limits: LimitsSettings,
+    ) -> None:
+        self.engines = engines
+        self.sessions = sessions
+        self.retriever = retriever
+        self.metrics = metrics
+        self.cfg = cfg
+        self.limits = limits
+
+    async def accept(self, body: JobRequest, tenant: str) -> tuple[Job, JobRun]:
+        """Check the request, find the KB, store the job (queued) and its first run."""
+        engine = self.engines.get()
+        async with self.sessions() as session:
+            kb = await resolve_kb(session, body.kb, tenant=tenant)
+        spec = check_request(engine, self.cfg, body)
+        job = await create_job(self.sessions, tenant=tenant, kb_id=kb.id, spec=spec)
+        plan = JobPlan(job_id=job.id, kb_id=kb.id, spec=spec)
+        return job, JobRun(self, engine.model_name, plan)
+
+    async def start(self, streams: Streams, run: JobRun, ticket: Ticket | None, tenant: str) -> str:
+        """Start the job's stream (detached: it runs with no reader) and link it to the job.
+        The plan is saved at once, so a process that dies before the job's turn comes (it
+        waits for a batch slot) leaves a job another process can run."""
+        job_id = run.plan.job_id
+        try:
+            sid = await streams.start(self, run, ticket=ticket, tenant=tenant, detached=True)
+            await streams.event_log.set_plan(sid, run.plan.model_dump_json())
+        except RagStreamError as exc:
+            await finish_job(self.sessions, job_id, "failed", (exc.code, exc.message))
+            raise
+        await set_stream(self.sessions, job_id, sid)
+        return sid
+
+    async def can_continue(self, meta: StreamMeta) -> bool:
+        return (await self.engines.wait()).model_name == meta.model
+
+    def continuation(self, plan_json: str, logged: Sequence[Event]) -> JobRun:
+        try:
+            plan = JobPlan.model_validate_json(plan_json)
+        except ValidationError as exc:
+            raise plan_error(self.name, exc) from None
+        return JobRun(
+            self, self.engines.get().model_name, plan, JobState.from_log(logged), first=False
+        )
