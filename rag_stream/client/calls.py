@@ -1,0 +1,258 @@
+"""Every endpoint once, as a request and the typed result it answers with.
+
+``Client`` and ``AsyncClient`` send the same ``Call``s, so the paths, bodies and result types
+live here and nowhere else. Requests are not validated here: the server checks every field
+and answers a bad one with a 422 naming it (raised as ``InvalidRequest``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from rag_stream.client.options import AnswerOptions, GenerateOptions
+from rag_stream.schemas.answers import AnswerResponse, ConversationOut
+from rag_stream.schemas.generate import GenerateResponse
+from rag_stream.schemas.kbs import (
+    ChunkDetail,
+    DocumentDetail,
+    DocumentPage,
+    IngestOut,
+    KbList,
+    KbOut,
+    Metadata,
+    MetaFilter,
+    SearchMode,
+    SearchResponse,
+)
+from rag_stream.schemas.openai import ModelCard, ModelList
+from rag_stream.schemas.streams import CancelResponse, StreamStatus
+from rag_stream.schemas.tenants import UsageOut
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+# httpx's form file: (filename, content, content type)
+FileTuple = tuple[str, bytes, str | None]
+
+
+class Readiness(BaseModel):
+    """GET /readyz (200 when ready, 503 naming what is not)."""
+
+    status: str
+    checks: dict[str, str]
+    failing: list[str] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    json: object = None
+    params: Mapping[str, str | int | bool] | None = None
+    files: Mapping[str, FileTuple] | None = None
+    data: Mapping[str, str] | None = None
+    also_ok: frozenset[int] = field(default_factory=frozenset)  # error statuses read as results
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """A request that starts a stream (its response is the stream's events)."""
+
+    path: str
+    body: dict[str, Any]
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
+    return lambda response: cls.model_validate_json(response.content)
+
+
+def _nothing(_: httpx.Response) -> None:
+    return None
+
+
+def _jsonable(fields: Mapping[str, object]) -> dict[str, Any]:
+    return {
+        k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+        for k, v in fields.items()
+        if v is not None
+    }
+
+
+# -- health ----------------------------------------------------------------------------------
+
+
+def healthz() -> Call[bool]:
+    return Call("GET", "/healthz", lambda r: r.json().get("status") == "ok")
+
+
+def readyz() -> Call[Readiness]:
+    return Call("GET", "/readyz", _model(Readiness), also_ok=frozenset({503}))
+
+
+# -- knowledge bases and documents -----------------------------------------------------------
+
+
+def create_kb(name: str, description: str | None) -> Call[KbOut]:
+    body = _jsonable({"name": name, "description": description})
+    return Call("POST", "/v1/kbs", _model(KbOut), json=body)
+
+
+def list_kbs() -> Call[list[KbOut]]:
+    return Call("GET", "/v1/kbs", lambda r: KbList.model_validate_json(r.content).data)
+
+
+def get_kb(kb: str) -> Call[KbOut]:
+    return Call("GET", f"/v1/kbs/{_seg(kb)}", _model(KbOut))
+
+
+def delete_kb(kb: str) -> Call[None]:
+    return Call("DELETE", f"/v1/kbs/{_seg(kb)}", _nothing)
+
+
+def get_chunk(kb: str, chunk_id: str) -> Call[ChunkDetail]:
+    return Call("GET", f"/v1/kbs/{_seg(kb)}/chunks/{_seg(chunk_id)}", _model(ChunkDetail))
+
+
+def add_document(
+    kb: str,
+    title: str,
+    text: str,
+    metadata: Metadata | None,
+    source: str | None,
+    media_type: str | None,
+) -> Call[IngestOut]:
+    body = _jsonable(
+        {
+            "title": title,
+            "text": text,
+            "metadata": metadata,
+            "source": source,
+            "media_type": media_type,
+        }
+    )
+    return Call("POST", f"/v1/kbs/{_seg(kb)}/documents", _model(IngestOut), json=body)
+
+
+def upload_file(
+    kb: str,
+    file: FileTuple,
+    title: str | None,
+    source: str | None,
+    metadata: Metadata | None,
+) -> Call[IngestOut]:
+    form = _jsonable({"title": title, "source": source})
+    if metadata is not None:
+        form["metadata"] = json.dumps(metadata)
+    return Call(
+        "POST",
+        f"/v1/kbs/{_seg(kb)}/documents",
+        _model(IngestOut),
+        files={"file": file},
+        data=form,
+    )
+
+
+def list_documents(kb: str, limit: int, offset: int) -> Call[DocumentPage]:
+    params = {"limit": limit, "offset": offset}
+    return Call("GET", f"/v1/kbs/{_seg(kb)}/documents", _model(DocumentPage), params=params)
+
+
+def get_document(kb: str, doc: str, include_chunks: bool) -> Call[DocumentDetail]:
+    path = f"/v1/kbs/{_seg(kb)}/documents/{_seg(doc)}"
+    params = {"include_chunks": include_chunks}
+    return Call("GET", path, _model(DocumentDetail), params=params)
+
+
+def delete_document(kb: str, doc: str) -> Call[None]:
+    return Call("DELETE", f"/v1/kbs/{_seg(kb)}/documents/{_seg(doc)}", _nothing)
+
+
+def search(
+    kb: str,
+    query: str,
+    top_k: int | None,
+    filter: MetaFilter | None,
+    score_threshold: float | None,
+    mmr: bool | None,
+    mode: SearchMode | None,
+) -> Call[SearchResponse]:
+    body = _jsonable(
+        {
+            "query": query,
+            "top_k": top_k,
+            "filter": filter,
+            "score_threshold": score_threshold,
+            "mmr": mmr,
+            "mode": mode,
+        }
+    )
+    return Call("POST", f"/v1/kbs/{_seg(kb)}/search", _model(SearchResponse), json=body)
+
+
+# -- answers, generation, streams ------------------------------------------------------------
+
+
+def ask(kb: str, question: str, options: AnswerOptions) -> StreamStart:
+    return StreamStart("/v1/answers", _jsonable({"kb": kb, "question": question, **options}))
+
+
+def answer(kb: str, question: str, options: AnswerOptions) -> Call[AnswerResponse]:
+    body = {**ask(kb, question, options).body, "stream": False}
+    return Call("POST", "/v1/answers", _model(AnswerResponse), json=body)
+
+
+def generate(prompt: str, options: GenerateOptions) -> StreamStart:
+    return StreamStart("/v1/generate", _jsonable({"prompt": prompt, **options}))
+
+
+def generate_text(prompt: str, options: GenerateOptions) -> Call[GenerateResponse]:
+    body = {**generate(prompt, options).body, "stream": False}
+    return Call("POST", "/v1/generate", _model(GenerateResponse), json=body)
+
+
+def stream_status(stream_id: str) -> Call[StreamStatus]:
+    return Call("GET", f"/v1/streams/{_seg(stream_id)}", _model(StreamStatus))
+
+
+def cancel(stream_id: str) -> Call[CancelResponse]:
+    return Call("POST", f"/v1/streams/{_seg(stream_id)}/cancel", _model(CancelResponse))
+
+
+def stream_events_path(stream_id: str) -> str:
+    return f"/v1/streams/{_seg(stream_id)}/events"
+
+
+def conversation(conversation_id: str) -> Call[ConversationOut]:
+    return Call("GET", f"/v1/conversations/{_seg(conversation_id)}", _model(ConversationOut))
+
+
+# -- usage and models ------------------------------------------------------------------------
+
+
+def usage(start: datetime | None, end: datetime | None) -> Call[UsageOut]:
+    params = {k: v.isoformat() for k, v in (("from", start), ("to", end)) if v is not None}
+    return Call("GET", "/v1/usage", _model(UsageOut), params=params)
+
+
+def models() -> Call[ModelList]:
+    return Call("GET", "/v1/models", _model(ModelList))
+
+
+def model(model_id: str) -> Call[ModelCard]:
+    return Call("GET", f"/v1/models/{_seg(model_id)}", _model(ModelCard))

@@ -1,0 +1,222 @@
+"""``Client``: rag-stream's HTTP API from synchronous code (``AsyncClient`` is its twin)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from os import PathLike
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar, Unpack
+
+import httpx
+
+from rag_stream.client import calls
+from rag_stream.client.errors import api_error
+from rag_stream.client.options import (
+    DEFAULT_TIMEOUT,
+    AnswerOptions,
+    GenerateOptions,
+    OnReconnect,
+    RetryPolicy,
+    auth_headers,
+    base_url,
+)
+from rag_stream.client.resume import Resumer
+from rag_stream.client.sync_stream import EventStream
+from rag_stream.schemas.answers import AnswerResponse, ConversationOut
+from rag_stream.schemas.generate import GenerateResponse
+from rag_stream.schemas.kbs import (
+    ChunkDetail,
+    DocumentDetail,
+    DocumentPage,
+    IngestOut,
+    KbOut,
+    Metadata,
+    MetaFilter,
+    SearchMode,
+    SearchResponse,
+)
+from rag_stream.schemas.openai import ModelCard, ModelList
+from rag_stream.schemas.streams import CancelResponse, StreamStatus
+from rag_stream.schemas.tenants import UsageOut
+
+T = TypeVar("T")
+FileInput = str | PathLike[str] | tuple[str, bytes]
+
+
+class Client:
+    """``url``: default ``RAG_STREAM_URL``, then http://127.0.0.1:8000; ``api_key``: default
+    ``RAG_STREAM_API_KEY`` (sent as a Bearer token). Error answers raise rag-stream's typed
+    errors (``client.errors``). ``ask``, ``generate`` and ``follow`` resume a dropped stream by
+    themselves under ``retry``, calling ``on_reconnect`` before each new connection."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        on_reconnect: OnReconnect | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = base_url(url)
+        self.retry = retry or RetryPolicy()
+        self.on_reconnect = on_reconnect
+        headers = {"User-Agent": "rag-stream-client", **auth_headers(api_key)}
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _send(self, call: calls.Call[T]) -> T:
+        response = self._http.request(
+            call.method,
+            call.path,
+            json=call.json,
+            params=call.params,
+            files=call.files,
+            data=call.data,
+        )
+        if response.is_error and response.status_code not in call.also_ok:
+            raise api_error(response)
+        return call.parse(response)
+
+    def _stream(
+        self, start: calls.StreamStart | None, stream_id: str | None, after: int
+    ) -> EventStream:
+        resumer = Resumer(stream_id, after, self.retry, self.on_reconnect)
+        return EventStream(self._http, start, resumer)
+
+    # -- health --------------------------------------------------------------------------------
+
+    def healthz(self) -> bool:
+        return self._send(calls.healthz())
+
+    def readyz(self) -> calls.Readiness:
+        return self._send(calls.readyz())
+
+    # -- knowledge bases and documents ---------------------------------------------------------
+
+    def create_kb(self, name: str, description: str | None = None) -> KbOut:
+        return self._send(calls.create_kb(name, description))
+
+    def list_kbs(self) -> list[KbOut]:
+        return self._send(calls.list_kbs())
+
+    def get_kb(self, kb: str) -> KbOut:
+        return self._send(calls.get_kb(kb))
+
+    def delete_kb(self, kb: str) -> None:
+        self._send(calls.delete_kb(kb))
+
+    def get_chunk(self, kb: str, chunk_id: str) -> ChunkDetail:
+        return self._send(calls.get_chunk(kb, chunk_id))
+
+    def add_document(
+        self,
+        kb: str,
+        title: str,
+        text: str,
+        *,
+        metadata: Metadata | None = None,
+        source: str | None = None,
+        media_type: str | None = None,
+    ) -> IngestOut:
+        return self._send(calls.add_document(kb, title, text, metadata, source, media_type))
+
+    def upload_file(
+        self,
+        kb: str,
+        file: FileInput,
+        *,
+        title: str | None = None,
+        source: str | None = None,
+        metadata: Metadata | None = None,
+        content_type: str | None = None,
+    ) -> IngestOut:
+        """Upload a .txt, .md, .html or .pdf: a path, or ``(filename, content)``."""
+        if isinstance(file, tuple):
+            name, content = file
+        else:
+            path = Path(file)
+            name, content = path.name, path.read_bytes()
+        upload = calls.upload_file(kb, (name, content, content_type), title, source, metadata)
+        return self._send(upload)
+
+    def list_documents(self, kb: str, *, limit: int = 20, offset: int = 0) -> DocumentPage:
+        return self._send(calls.list_documents(kb, limit, offset))
+
+    def get_document(self, kb: str, doc: str, *, include_chunks: bool = False) -> DocumentDetail:
+        return self._send(calls.get_document(kb, doc, include_chunks))
+
+    def delete_document(self, kb: str, doc: str) -> None:
+        self._send(calls.delete_document(kb, doc))
+
+    def search(
+        self,
+        kb: str,
+        query: str,
+        *,
+        top_k: int | None = None,
+        filter: MetaFilter | None = None,
+        score_threshold: float | None = None,
+        mmr: bool | None = None,
+        mode: SearchMode | None = None,
+    ) -> SearchResponse:
+        return self._send(calls.search(kb, query, top_k, filter, score_threshold, mmr, mode))
+
+    # -- answers, generation, streams ----------------------------------------------------------
+
+    def ask(self, kb: str, question: str, **options: Unpack[AnswerOptions]) -> EventStream:
+        """Ask the knowledge base: ``stream``, ``citation``s, ``token``s, then ``done``."""
+        return self._stream(calls.ask(kb, question, options), None, -1)
+
+    def answer(self, kb: str, question: str, **options: Unpack[AnswerOptions]) -> AnswerResponse:
+        """The whole answer at once (``stream: false``)."""
+        return self._send(calls.answer(kb, question, options))
+
+    def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> EventStream:
+        return self._stream(calls.generate(prompt, options), None, -1)
+
+    def generate_text(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResponse:
+        return self._send(calls.generate_text(prompt, options))
+
+    def follow(self, stream_id: str, *, after: int | None = None) -> EventStream:
+        """A stream's events after event ``after`` (None: from its first event)."""
+        return self._stream(None, stream_id, -1 if after is None else after)
+
+    def stream_status(self, stream_id: str) -> StreamStatus:
+        return self._send(calls.stream_status(stream_id))
+
+    def cancel(self, stream_id: str) -> CancelResponse:
+        """Stop the stream on the server (waits for its ``done``, up to 10 s there)."""
+        return self._send(calls.cancel(stream_id))
+
+    def conversation(self, conversation_id: str) -> ConversationOut:
+        return self._send(calls.conversation(conversation_id))
+
+    # -- usage and models ----------------------------------------------------------------------
+
+    def usage(self, start: datetime | None = None, end: datetime | None = None) -> UsageOut:
+        """Requests and tokens of the caller's streams that ended in ``[start, end)``."""
+        return self._send(calls.usage(start, end))
+
+    def models(self) -> ModelList:
+        return self._send(calls.models())
+
+    def model(self, model_id: str) -> ModelCard:
+        return self._send(calls.model(model_id))
