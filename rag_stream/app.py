@@ -29,10 +29,12 @@ from rag_stream.api import (
     documents,
     generate,
     health,
+    jobs,
     kbs,
     search,
     streams,
     usage,
+    web,
 )
 from rag_stream.api import metrics as metrics_api
 from rag_stream.api.browser_guard import BrowserGuard, default_trusted_hosts, is_loopback
@@ -47,11 +49,12 @@ from rag_stream.ingest.service import Ingestor
 from rag_stream.metrics import Metrics
 from rag_stream.pipeline.answer import AnswerKind
 from rag_stream.pipeline.generate import GenerateKind
+from rag_stream.pipeline.job import JobKind
 from rag_stream.resources import Resources
 from rag_stream.retrieval.embedder import Embedder, SentenceTransformerEmbedder
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.stores import open_sparse_encoder, open_vector_store
-from rag_stream.settings import Settings
+from rag_stream.settings import Settings, load_settings
 from rag_stream.store.db import create_db
 from rag_stream.store.keys import KeyRing
 from rag_stream.streaming.admission import Admission
@@ -75,6 +78,10 @@ EmbedderFactory = Callable[[Settings], Awaitable[Embedder]]
 
 
 async def _vllm_engine(settings: Settings) -> Engine:
+    if settings.engine_urls:  # vLLM servers elsewhere: no engine in this process
+        from rag_stream.generation.remote_engine import RemoteEngine
+
+        return await RemoteEngine.start(settings)
     from rag_stream.generation.vllm_engine import VLLMEngine
 
     if not settings.kv.enabled:
@@ -170,6 +177,7 @@ def create_app(
         answers = AnswerKind(
             engines, sessions, retriever, metrics, settings.answers, settings.limits
         )
+        jobs_kind = JobKind(engines, sessions, retriever, metrics, settings.jobs, settings.limits)
         limits = settings.limits
         quotas = Quotas(
             redis.client,
@@ -179,7 +187,7 @@ def create_app(
             on_reject=lambda reason: metrics.rejected.labels(reason).inc(),
         )
         stack.push_async_callback(quotas.close)  # after the streams, which give places back
-        streams = Streams(event_log, settings.streaming, [generation, answers])
+        streams = Streams(event_log, settings.streaming, [generation, answers, jobs_kind])
         stack.push_async_callback(streams.close)  # before the engine closes
         metrics.active_streams.set_function(lambda: streams.active)
         keys = KeyRing(sessions, settings.security.require_keys or not is_loopback(settings.host))
@@ -208,6 +216,7 @@ def create_app(
             streams=streams,
             answers=answers,
             generation=generation,
+            jobs=jobs_kind,
             coalescing=CoalescePolicy(settings.streaming, rtt_source),
             admission=Admission(
                 limits.max_active_streams,
@@ -268,6 +277,8 @@ def create_app(
         documents,
         search,
         usage,
+        jobs,
+        web,  # the chat page at /
     ):
         app.include_router(module.router)
     if settings.security.docs == "key":
@@ -289,3 +300,8 @@ def _kv_stats_client(settings: Settings, service_redis: Redis) -> Redis | None:
     if kv.redis_url is None or kv.redis_url == settings.redis_url:
         return service_redis
     return Redis.from_url(kv.redis_url, socket_connect_timeout=3)
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one of ``serve --workers N``'s processes: settings from the environment."""
+    return create_app(load_settings())

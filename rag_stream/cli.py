@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
+from rag_stream.ask_cli import add_ask_command
 from rag_stream.errors import (
     ConfigError,
     InvalidRequest,
     NotFound,
     ServiceUnavailable,
 )
+from rag_stream.job_cli import add_job_commands
 from rag_stream.schemas.tenants import LOCAL_TENANT
-from rag_stream.settings import Settings, load_settings
+from rag_stream.settings import ENV_PREFIX, Settings, load_settings
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -40,20 +43,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rag_stream.preflight import preflight
 
     settings = _settings(args)
+    workers = args.workers
+    if workers > 1 and settings.process_local_parts:
+        raise ConfigError(
+            f"--workers {workers} needs parts every process can share, but this configuration "
+            f"has {', '.join(settings.process_local_parts)}"
+        )
     _logging(settings.log_level)
     log = logging.getLogger("rag_stream")
     log.info("serve: checking settings and applying migrations (profile %s)", settings.profile)
     preflight(settings)
-    log.info("serve: starting on http://%s:%d", settings.host, settings.port)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=5,
-        loop="uvloop",
-        http="httptools",
+    log.info(
+        "serve: starting %d process(es) on http://%s:%d", workers, settings.host, settings.port
     )
+    common = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level,
+        "timeout_graceful_shutdown": 5,
+        "loop": "uvloop",
+        "http": "httptools",
+    }
+    if workers == 1:
+        uvicorn.run(create_app(settings), **common)  # type: ignore[arg-type]
+        return 0
+    # Each worker process builds its own app from the same settings, passed by environment.
+    os.environ[f"{ENV_PREFIX}PROFILE"] = settings.profile
+    os.environ[f"{ENV_PREFIX}HOST"] = settings.host
+    os.environ[f"{ENV_PREFIX}PORT"] = str(settings.port)
+    uvicorn.run("rag_stream.app:app_from_environment", factory=True, workers=workers, **common)  # type: ignore[arg-type]
     return 0
 
 
@@ -196,6 +214,16 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {value!r}")
+    return number
+
+
 def _tenant_name(value: str) -> str:
     from pydantic import TypeAdapter, ValidationError
 
@@ -223,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the API (embedded defaults unless URLs are set)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
+    serve.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="API processes (more than 1 needs engine, Redis and Qdrant URLs: nothing embedded)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     db = sub.add_parser("db", help="database maintenance")
@@ -291,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--force", action="store_true", help="rebuild even if prepared")
     prep.add_argument("--no-verify", action="store_true", help="skip the generation check")
     prep.set_defaults(func=cmd_prepare_models)
+
+    add_ask_command(sub)  # a client of a running server (rag_stream/ask_cli.py)
+    add_job_commands(sub)  # long-document jobs on a running server (rag_stream/job_cli.py)
     return parser
 
 

@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -67,6 +68,10 @@ class EngineSettings(BaseModel):
     # here). A long prefill is cut into steps of this size, and every running request waits for
     # each step: smaller bounds interactive latency behind batch prefills, at some throughput.
     max_num_batched_tokens: int | None = Field(None, ge=1)
+    # With engine_urls (vLLM servers as replicas): a replica with more requests waiting than
+    # this is passed over for the least-loaded one; health and load are polled this often.
+    replica_max_waiting: int = Field(8, ge=0)
+    replica_health_s: float = Field(2.0, gt=0)
 
     @model_validator(mode="after")
     def _step_holds_every_sequence(self) -> EngineSettings:
@@ -120,6 +125,32 @@ class AnswersSettings(BaseModel):
     max_top_k: int = Field(20, ge=1)
     history_budget_tokens: int = Field(1024, ge=0)
     max_question_chars: int = Field(4000, ge=1)
+
+
+class JobsSettings(BaseModel):
+    """Long-document generation jobs (POST /v1/jobs)."""
+
+    max_sections: int = Field(30, ge=1, le=100)
+    default_section_tokens: int = Field(256, ge=16)
+    max_section_tokens: int = Field(1024, ge=16)
+    # The end of the previous section that a section's prompt repeats (for continuity).
+    tail_tokens: int = Field(128, ge=0)
+    default_top_k: int = Field(3, ge=0)
+    max_top_k: int = Field(20, ge=0)
+    max_title_chars: int = Field(300, ge=1)
+    max_instructions_chars: int = Field(2000, ge=0)
+    max_heading_chars: int = Field(200, ge=1)
+    # Tokens the model may write when it plans an outline (N headings, one a line).
+    outline_tokens: int = Field(200, ge=16)
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> JobsSettings:
+        if self.default_section_tokens > self.max_section_tokens:
+            raise ValueError(
+                f"default_section_tokens ({self.default_section_tokens}) must be at most "
+                f"max_section_tokens ({self.max_section_tokens})"
+            )
+        return self
 
 
 class StreamingSettings(BaseModel):
@@ -252,6 +283,9 @@ class Settings(BaseSettings):
     database_url: str | None = None
     redis_url: RedisUrl | None = None
     qdrant_url: str | None = None
+    # vLLM OpenAI servers to generate on (comma-separated base URLs); empty: the in-process
+    # engine. The model's files must be here too (its tokenizer and chat template).
+    engine_urls: Annotated[list[str], NoDecode] = []
     model: str | None = None
     # The model's name in responses and in /v1/models; unset: the model folder's name (never
     # the server's filesystem path), or the id as given for a hub id.
@@ -271,10 +305,26 @@ class Settings(BaseSettings):
     limits: LimitsSettings = LimitsSettings()
     streaming: StreamingSettings = StreamingSettings()
     answers: AnswersSettings = AnswersSettings()
+    jobs: JobsSettings = JobsSettings()
     ingest: IngestSettings = IngestSettings()
     kv: KVSettings = KVSettings()
     security: SecuritySettings = SecuritySettings()
     vector_store: VectorStoreSettings = VectorStoreSettings()
+
+    @field_validator("engine_urls", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [u.strip() for u in value.split(",") if u.strip()]
+        return value
+
+    @field_validator("engine_urls")
+    @classmethod
+    def _http_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http(s) base URL")
+        return value
 
     @field_validator("database_url")
     @classmethod
@@ -310,6 +360,19 @@ class Settings(BaseSettings):
                 f"{ENV_PREFIX}KV__REDIS_URL or {ENV_PREFIX}REDIS_URL"
             )
         return self
+
+    @property
+    def process_local_parts(self) -> list[str]:
+        """What belongs to one process in this configuration (so it cannot run as several
+        API processes), each with the setting that replaces it."""
+        parts = []
+        if not self.engine_urls:
+            parts.append(f"the in-process engine (set {ENV_PREFIX}ENGINE_URLS)")
+        if not self.qdrant_url:
+            parts.append(f"the embedded vector store (set {ENV_PREFIX}QDRANT_URL)")
+        if not self.redis_url:
+            parts.append(f"the embedded Redis (set {ENV_PREFIX}REDIS_URL)")
+        return parts
 
     @property
     def resolved_kv_redis_url(self) -> str | None:

@@ -192,6 +192,18 @@ def takeover_servers_start(
 
 
 @pytest.fixture(scope="session")
+def smollm2_server(
+    takeover_servers_start: tuple[ServerProcess, ServerProcess],
+) -> ServerProcess:
+    """A SmolLM2 server on the real Redis (test profile) for tests that only talk to it (the
+    client, the CLI): test_takeover.py's survivor, which no test kills. One engine less to
+    start and hold."""
+    survivor = takeover_servers_start[0]
+    survivor.wait_ready()
+    return survivor
+
+
+@pytest.fixture(scope="session")
 def kv_engines_start(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,

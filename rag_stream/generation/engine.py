@@ -18,6 +18,9 @@ class Sampling:
     ignore_eos: bool = False  # keep generating past end-of-sequence (benchmarks: fixed lengths)
     # Waiting requests are taken lowest first (generation/priority.py): 0 interactive, 1 batch.
     priority: int = 0
+    # Requests with the same key go to the same engine replica (remote engines): a
+    # conversation's key, so its turns find their prefix cached there. None: the prompt's start.
+    affinity: str | None = None
 
 
 @dataclass(frozen=True)

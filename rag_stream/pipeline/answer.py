@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import Sequence
@@ -152,10 +153,9 @@ class AnswerRun:
             ctx.run_id,
             job.layout,
             search,
-            job.sampling.max_tokens,
             self.kind.cfg.overlap,
             send_citations,
-            job.sampling.priority,
+            job.sampling,
         )
         ctx.check()
         return AnswerPlan.of(
@@ -270,20 +270,22 @@ class AnswerKind:
         lay = layout(engine, q.history, question, cfg.history_budget_tokens, q.instructions)
         ids = lay.full_ids(engine, [])  # the sources are not known yet: they come on top
         priority = priority_class(q.priority, len(ids), q.tenant, self.limits)
+        conversation_id = q.conversation_id or new_id()
         job = AnswerJob(
             kb_id=kb.id,
             question=question,
             layout=lay,
             top_k=top_k,
             sampling=replace(
-                fit_to_window(engine, ids, q.sampling), priority=ENGINE_PRIORITY[priority]
+                fit_to_window(engine, ids, q.sampling),
+                priority=ENGINE_PRIORITY[priority],
+                affinity=_conversation_key(q.tenant, q.history, question),
             ),
             mmr=q.mmr,
             mode=q.mode,
             coalesce=q.coalesce,
             stop=list(q.stop),
         )
-        conversation_id = q.conversation_id or new_id()
         return AnswerRun(
             self,
             engine.model_name,
@@ -308,3 +310,12 @@ class AnswerKind:
             plan=plan,
             out=TokenOutput.from_log(logged),
         )
+
+
+def _conversation_key(tenant: str, history: Sequence[Turn], question: str) -> str:
+    """Which engine replica a conversation's requests go to (remote engines), so each turn
+    meets the prefix the earlier ones cached: its first question, which every turn's prompt
+    starts with, whether the client names the conversation (``conversation_id``) or sends the
+    whole history (chat completions)."""
+    first = next((t.content for t in history if t.role == "user"), question)
+    return hashlib.blake2b(f"{tenant}\n{first}".encode(), digest_size=8).hexdigest()

@@ -27,6 +27,7 @@ class TokenPlan(BaseModel):
     stop: list[str] = []  # stop sequences: the answer ends before the first one
     ignore_eos: bool = False
     priority: int = 0  # the engine's order for waiting requests: a takeover keeps its class
+    affinity: str | None = None  # the engine replica it goes to (remote engines): Sampling
 
     def sampling(self, already_generated: int = 0) -> Sampling:
         return Sampling(
@@ -36,6 +37,7 @@ class TokenPlan(BaseModel):
             seed=self.seed,
             ignore_eos=self.ignore_eos,
             priority=self.priority,
+            affinity=self.affinity,
         )
 
     @classmethod
@@ -49,6 +51,7 @@ class TokenPlan(BaseModel):
                 "seed": sampling.seed,
                 "ignore_eos": sampling.ignore_eos,
                 "priority": sampling.priority,
+                "affinity": sampling.affinity,
                 **extra,
             }
         )

@@ -28,8 +28,9 @@ class Retrieved:
     retrieval_ms: float
 
 
-async def _prefill(engine: Engine, request_id: str, ids: list[int], priority: int) -> None:
-    async for _ in engine.generate(request_id, ids, Sampling(max_tokens=1, priority=priority)):
+async def _prefill(engine: Engine, request_id: str, ids: list[int], answer: Sampling) -> None:
+    warm = Sampling(max_tokens=1, priority=answer.priority, affinity=answer.affinity)
+    async for _ in engine.generate(request_id, ids, warm):
         pass
 
 
@@ -38,26 +39,26 @@ async def retrieve_while_prefilling(
     request_id: str,
     layout: PromptLayout,
     search: Callable[[], Awaitable[list[SearchHit]]] | None,
-    max_tokens: int,
     overlap: bool,
     on_sources: Callable[[Retrieved], None],
-    priority: int = 0,
+    sampling: Sampling,
 ) -> Retrieved:
     """Search (``None``: nothing to search) while the stable prompt is prefilled (at the
-    answer's engine ``priority``); call ``on_sources`` as soon as the sources are known (before
-    the prefill ends), then wait for the prefill."""
+    answer's engine priority, on its replica); call ``on_sources`` as soon as the sources are
+    known (before the prefill ends), then wait for the prefill. The sources are fitted so that
+    ``sampling.max_tokens`` still fit the window."""
     block = engine.cache_block_size
     cacheable = layout.stable_ids[: len(layout.stable_ids) // block * block]
     prefill: asyncio.Task[None] | None = None
     if overlap and search is not None and cacheable:
         prefill = asyncio.create_task(
-            _prefill(engine, f"{request_id}:prefill", cacheable, priority)
+            _prefill(engine, f"{request_id}:prefill", cacheable, sampling)
         )
     try:
         started = time.monotonic()
         hits = await search() if search is not None else []
         retrieval_ms = (time.monotonic() - started) * 1000
-        retrieved = fit_sources(engine, layout, max_tokens, hits, retrieval_ms)
+        retrieved = fit_sources(engine, layout, sampling.max_tokens, hits, retrieval_ms)
         on_sources(retrieved)
         if prefill is not None:
             await prefill

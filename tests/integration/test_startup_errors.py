@@ -60,3 +60,32 @@ def test_bad_setting_stops_startup_with_one_line(
     errors = [line for line in result.stderr.splitlines() if "configuration error" in line]
     assert len(errors) == 1, result.stderr
     assert expected in errors[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({}, ["ENGINE_URLS", "QDRANT_URL", "REDIS_URL"]),
+        (
+            {"RAG_STREAM_ENGINE_URLS": "http://127.0.0.1:1", "RAG_STREAM_REDIS_URL": "redis://x"},
+            ["QDRANT_URL"],
+        ),
+    ],
+)
+def test_several_workers_are_refused_while_a_part_belongs_to_one_process(
+    tmp_path: Path, models_dir: Path, env: dict[str, str], named: list[str]
+) -> None:
+    full = {**os.environ, "RAG_STREAM_DATA_DIR": str(tmp_path), **env}
+    result = subprocess.run(
+        [sys.executable, "-m", "rag_stream", "serve", "--workers", "2"],
+        env=full,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()  # one line, no traceback
+    assert line.startswith("rag-stream: configuration error: --workers 2 needs parts")
+    for name in ["ENGINE_URLS", "QDRANT_URL", "REDIS_URL"]:
+        assert (f"RAG_STREAM_{name}" in line) == (name in named), line

@@ -39,6 +39,8 @@ NO_TENANT = {
     ("GET", "/docs"),
     ("GET", "/docs/oauth2-redirect"),
     ("GET", "/redoc"),
+    ("GET", "/"),  # the chat page and its files: public, they hold no data
+    ("GET", "/static/{path}"),
 }
 
 
@@ -271,6 +273,70 @@ def conversation(t: Tenants) -> None:
     assert t.alpha.get(f"/v1/conversations/{t.conversation_id}").status_code == 200
 
 
+def conversations_list(t: Tenants) -> None:
+    theirs = [c["id"] for c in t.alpha.get("/v1/conversations").json()["data"]]
+    mine = [c["id"] for c in t.beta.get("/v1/conversations").json()["data"]]
+    assert t.conversation_id in theirs and t.conversation_id not in mine
+    # another tenant's conversation is no cursor either (the same answer as an unknown id)
+    r = t.beta.get("/v1/conversations", params={"before": t.conversation_id})
+    assert r.status_code == 422, r.text
+
+
+JOB = {"title": "T", "outline": ["A"], "section_tokens": 4, "top_k": 1}
+
+
+def _alpha_job(t: Tenants) -> str:
+    deadline = time.monotonic() + 60
+    while True:  # alpha may hold its 2 places with the previous checks' jobs for a moment
+        r = t.alpha.post("/v1/jobs", json={"kb": t.kb, **JOB})
+        if r.status_code != 429 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def jobs_create(t: Tenants) -> None:
+    _not_found(t.beta.post("/v1/jobs", json={"kb": t.kb, **JOB}))
+    _not_found(t.beta.post("/v1/jobs", json={"kb": t.kb_id, **JOB}))
+
+
+def jobs_list(t: Tenants) -> None:
+    job = _alpha_job(t)
+    assert job not in [j["id"] for j in t.beta.get("/v1/jobs").json()["data"]]
+    assert job in [j["id"] for j in t.alpha.get("/v1/jobs").json()["data"]]
+    # another tenant's job is no cursor either (the same answer as an unknown id)
+    assert t.beta.get("/v1/jobs", params={"before": job}).status_code == 422
+
+
+def jobs_get(t: Tenants) -> None:
+    job = _alpha_job(t)
+    _not_found(t.beta.get(f"/v1/jobs/{job}"))
+    assert t.alpha.get(f"/v1/jobs/{job}").status_code == 200
+
+
+def jobs_events(t: Tenants) -> None:
+    job = _alpha_job(t)
+    _not_found(t.beta.get(f"/v1/jobs/{job}/events"))
+
+
+def jobs_result(t: Tenants) -> None:
+    job = _alpha_job(t)
+    _not_found(t.beta.get(f"/v1/jobs/{job}/result"))
+    _not_found(t.beta.get(f"/v1/jobs/{job}/result", params={"format": "json"}))
+
+
+def jobs_cancel(t: Tenants) -> None:
+    job = _alpha_job(t)
+    _not_found(t.beta.post(f"/v1/jobs/{job}/cancel"))
+
+
+def jobs_delete(t: Tenants) -> None:
+    job = _alpha_job(t)
+    _not_found(t.beta.delete(f"/v1/jobs/{job}"))
+    assert t.alpha.get(f"/v1/jobs/{job}").status_code == 200
+
+
 def chat_completions(t: Tenants) -> None:
     body = {"model": f"kb:{t.kb}", "messages": [{"role": "user", "content": "Herons?"}]}
     r = t.beta.post("/v1/chat/completions", json=body)
@@ -313,10 +379,18 @@ CROSS_TENANT: dict[tuple[str, str], Callable[[Tenants], None]] = {
     ("GET", "/v1/streams/{stream_id}"): stream_status,
     ("POST", "/v1/streams/{stream_id}/cancel"): stream_cancel,
     ("GET", "/v1/conversations/{conversation_id}"): conversation,
+    ("GET", "/v1/conversations"): conversations_list,
     ("POST", "/v1/chat/completions"): chat_completions,
     ("GET", "/v1/models"): models_list,
     ("GET", "/v1/models/{model_id}"): model_get,
     ("GET", "/v1/usage"): usage,
+    ("POST", "/v1/jobs"): jobs_create,
+    ("GET", "/v1/jobs"): jobs_list,
+    ("GET", "/v1/jobs/{job_id}"): jobs_get,
+    ("GET", "/v1/jobs/{job_id}/events"): jobs_events,
+    ("GET", "/v1/jobs/{job_id}/result"): jobs_result,
+    ("POST", "/v1/jobs/{job_id}/cancel"): jobs_cancel,
+    ("DELETE", "/v1/jobs/{job_id}"): jobs_delete,
 }
 
 
@@ -344,7 +418,13 @@ def test_another_tenants_ids_answer_404(tenants: Tenants, route: tuple[str, str]
 
 def _path(route: tuple[str, str]) -> str:
     return route[1].format(
-        kb="x", chunk_id="x", doc="x", stream_id="x", conversation_id="x", model_id="x"
+        kb="x",
+        chunk_id="x",
+        doc="x",
+        stream_id="x",
+        conversation_id="x",
+        model_id="x",
+        job_id="x",
     )
 
 

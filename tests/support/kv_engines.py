@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,7 +25,8 @@ from rag_stream.kv.probe import ProbeProcess
 from rag_stream.settings import load_settings
 from tests.support import kv_eviction
 from tests.support.ahead import Ahead
-from tests.support.server import ROOT, free_port
+from tests.support.server import free_port
+from tests.support.vllm_servers import VllmServer
 
 Outcome = dict[str, Any]
 
@@ -126,42 +126,11 @@ def _pings(client: redis.Redis) -> bool:
         return False
 
 
-class ApiServer:
+class ApiServer(VllmServer):
     """``python -m vllm.entrypoints.openai.api_server`` with the connector."""
 
     def __init__(self, model: Path, kv_config: str, log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.model = str(model)
-        self._log = open(log_path, "ab")  # noqa: SIM115
-        self.log_path = log_path
-        self.proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "vllm.entrypoints.openai.api_server"),
-                *("--model", self.model, "--dtype", "float32", "--enforce-eager"),
-                *("--max-model-len", "4608", "--kv-cache-memory-bytes", str(512 << 20)),
-                *("--gpu-memory-utilization", "0.3", "--seed", "0"),
-                *("--port", str(self.port), "--kv-transfer-config", kv_config),
-                "--enable-prompt-tokens-details",
-            ],
-            cwd=ROOT,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def wait_ready(self, timeout_s: float = 600) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"api_server exited; see {self.log_path}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"api_server not ready; see {self.log_path}")
+        super().__init__(model, log_path, "--kv-transfer-config", kv_config, max_model_len=4608)
 
     def complete(self, prompt_ids: list[int], max_tokens: int) -> Outcome:
         body = {
@@ -179,16 +148,6 @@ class ApiServer:
             "token_ids": data["choices"][0]["token_ids"],
             "cached_tokens": details.get("cached_tokens") or 0,
         }
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
 
 
 def wanted_engines(fixturenames: Iterable[Iterable[str]]) -> list[str]:

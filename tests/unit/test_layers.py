@@ -98,6 +98,11 @@ def test_streaming_knows_no_stream_kind() -> None:
             assert name not in text, f"{path.name} names the kind {name}"
 
 
+def test_the_client_imports_nothing_of_the_server() -> None:
+    # rag_stream.client is meant to be lifted into other programs: schemas and errors only
+    assert import_graph()["client"] <= {"schemas", "errors"}
+
+
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
