@@ -270,7 +270,6 @@ class AnswerKind:
         lay = layout(engine, q.history, question, cfg.history_budget_tokens, q.instructions)
         ids = lay.full_ids(engine, [])  # the sources are not known yet: they come on top
         priority = priority_class(q.priority, len(ids), q.tenant, self.limits)
-        conversation_id = q.conversation_id or new_id()
         job = AnswerJob(
             kb_id=kb.id,
             question=question,
@@ -286,6 +285,7 @@ class AnswerKind:
             coalesce=q.coalesce,
             stop=list(q.stop),
         )
+        conversation_id = q.conversation_id or new_id()
         return AnswerRun(
             self,
             engine.model_name,

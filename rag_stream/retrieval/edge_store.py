@@ -223,6 +223,7 @@ class EdgeVectorStore:
             raise RuntimeError("the vector store is closed")
         if worker.alive():
             return worker
+        worker.stop()  # dead: reap it and close its pipes
         replacement = _Worker(self._path)  # here, in the event loop's thread (see _Worker)
         try:
             await anyio.to_thread.run_sync(replacement.opened)
