@@ -14,7 +14,7 @@ run: $(VENV)/.installed
 	$(BIN)/rag-stream serve
 
 test:
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=40
 
 test-fast:
 	$(BIN)/pytest -q tests/unit

@@ -55,6 +55,11 @@ class Engine(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
+    def reachable(self) -> bool:
+        """Whether a request can be served now: an in-process engine whose core is alive, or
+        at least one healthy replica."""
+        ...
+
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
         """The model's chat template applied to messages, ready for generation."""
         ...

@@ -106,6 +106,9 @@ class RemoteEngine:
         log.info("engine: %d vLLM server(s) serve %s", len(urls), name)
         return engine
 
+    def reachable(self) -> bool:
+        return any(r.healthy for r in self.router.replicas)
+
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
         apply = getattr(self.tokenizer, "apply_chat_template")  # noqa: B009
         return cast(str, apply(list(messages), tokenize=False, add_generation_prompt=True))

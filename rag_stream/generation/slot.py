@@ -27,9 +27,11 @@ class EngineSlot:
         return self._engine
 
     def get(self) -> Engine:
-        """The engine now, or 503 while it loads (requests never wait for it)."""
+        """The engine now, or 503 while it loads or cannot be reached (requests never wait)."""
         if self._engine is None:
             raise EngineUnavailable(f"engine not ready: {self.error or 'still loading'}")
+        if not self._engine.reachable():
+            raise EngineUnavailable("engine unreachable: no engine replica answers")
         return self._engine
 
     async def wait(self) -> Engine:
@@ -42,8 +44,15 @@ class EngineSlot:
                     await self._ready.wait()
         return self._engine
 
+    async def serves(self, model: str) -> bool:
+        """Whether this process can continue a stream of ``model`` now: it runs that model and
+        its engine is reachable. A process whose replicas are all down leaves an orphaned
+        stream to one that can finish it, instead of ending it with an error."""
+        engine = await self.wait()
+        return engine.model_name == model and engine.reachable()
+
     @property
     def state(self) -> str:
         if self._engine is not None:
-            return "ready"
+            return "ready" if self._engine.reachable() else "unreachable"
         return f"failed: {self.error}" if self.error else "loading"

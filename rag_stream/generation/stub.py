@@ -55,5 +55,8 @@ class StubEngine:
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
 
+    def reachable(self) -> bool:
+        return True
+
     async def close(self) -> None:
         return None

@@ -137,6 +137,9 @@ class VLLMEngine:
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
 
+    def reachable(self) -> bool:
+        return not self._llm.errored  # the engine core died (it does not come back)
+
     async def close(self) -> None:
         # AsyncLLM.shutdown cancels its output handler only after stopping the engine core; a
         # handler that sees the core go first logs EngineDeadError as an ERROR. Stop it first.

@@ -296,7 +296,7 @@ class AnswerKind:
         )
 
     async def can_continue(self, meta: StreamMeta) -> bool:
-        return (await self.engines.wait()).model_name == meta.model
+        return await self.engines.serves(meta.model)
 
     def continuation(self, plan_json: str, logged: Sequence[Event]) -> AnswerRun:
         try:

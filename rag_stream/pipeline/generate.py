@@ -143,7 +143,7 @@ class GenerateKind:
         return GenerateRun(self, plan, engine.model_name, priority=priority)
 
     async def can_continue(self, meta: StreamMeta) -> bool:
-        return (await self.engines.wait()).model_name == meta.model
+        return await self.engines.serves(meta.model)
 
     def continuation(self, plan_json: str, logged: Sequence[Event]) -> GenerateRun:
         try:

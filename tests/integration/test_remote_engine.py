@@ -56,12 +56,14 @@ def replicas(
 @pytest.fixture(scope="module")
 def remote_server(
     server_factory: ServerFactory, replicas: list[VllmServer], smollm2_path: Path
-) -> ServerProcess:
-    return server_factory(
+) -> Iterator[ServerProcess]:
+    server = server_factory(
         RAG_STREAM_ENGINE_URLS=",".join(r.url for r in replicas),
         RAG_STREAM_MODEL=str(smollm2_path),
         RAG_STREAM_REDIS_URL=REDIS_URL,
     )
+    yield server
+    server.stop()
 
 
 def _generate(server: ServerProcess, body: dict[str, Any]) -> list[Frame]:
@@ -144,3 +146,20 @@ def test_a_replica_killed_mid_stream_the_stream_finishes_on_the_other(
     assert ids == list(range(ids[0], ids[0] + len(ids)))  # one stream: no gap, no repeat
     assert text_of(frames) == text_of(reference)
     assert other.metric(DONE) == served_before + 1  # the rest came from the other replica
+
+
+def test_with_every_replica_down_it_is_unready_and_refuses_new_streams(
+    remote_server: ServerProcess, replicas: list[VllmServer]
+) -> None:
+    # After the test above one replica is dead; stop the other. This process then must not
+    # start (or take over) streams it cannot finish: /readyz says why, requests get a 503.
+    for replica in replicas:
+        replica.kill()
+    deadline = time.monotonic() + 30
+    while (ready := httpx.get(f"{remote_server.url}/readyz", timeout=10)).status_code == 200:
+        assert time.monotonic() < deadline, ready.json()
+        time.sleep(0.2)
+    assert ready.status_code == 503 and ready.json()["checks"]["engine"] == "unreachable"
+    r = httpx.post(f"{remote_server.url}/v1/generate", json=STORY, timeout=30)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["code"] == "engine_unavailable", r.json()
