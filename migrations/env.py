@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -23,6 +24,10 @@ def _url() -> str:
     return str(url)
 
 
+# Any fixed number: the PostgreSQL advisory lock that makes migrating processes take turns.
+_MIGRATION_LOCK = 0x7261675F6D6967  # "rag_mig"
+
+
 def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
@@ -30,6 +35,11 @@ def _run(connection: Connection) -> None:
         render_as_batch=connection.dialect.name == "sqlite",
     )
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # API processes started together all migrate at start: the first applies the
+            # migrations, the others wait here (the lock is held until its transaction
+            # commits) and then read a version table already at head.
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
         context.run_migrations()
 
 

@@ -186,3 +186,22 @@ def test_jobs_tables_upgrade_and_downgrade_on_sqlite(tmp_path: Path) -> None:
 
 def test_jobs_tables_upgrade_and_downgrade_on_postgresql(postgres_db: str) -> None:
     _check_jobs_upgrade(postgres_db)
+
+
+def test_processes_migrating_one_fresh_database_at_once_all_succeed(postgres_db: str) -> None:
+    """Several API processes started together (replicas behind a proxy, ``serve --workers``)
+    each migrate at start: one applies the migrations, the others wait for it and find the
+    database at head, instead of failing on a table or version row the first just created."""
+    import subprocess
+    import sys
+
+    code = "import sys; from rag_stream.store.db import upgrade; upgrade(sys.argv[1])"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, postgres_db], stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    results = [(p.wait(120), p.stderr.read() if p.stderr else "") for p in procs]
+    assert [rc for rc, _ in results] == [0, 0, 0], [err[-2000:] for _, err in results]
+    assert set(Base.metadata.tables) <= _tables(postgres_db)
