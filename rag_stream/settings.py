@@ -72,6 +72,10 @@ class EngineSettings(BaseModel):
     # this is passed over for the least-loaded one; health and load are polled this often.
     replica_max_waiting: int = Field(8, ge=0)
     replica_health_s: float = Field(2.0, gt=0)
+    # "affinity": a conversation (or a prompt's first KV block) keeps its replica, so its prefix
+    # cache is hit; "round_robin": each request to the next healthy replica (for comparison,
+    # or for traffic with no shared prefixes).
+    replica_routing: Literal["affinity", "round_robin"] = "affinity"
 
     @model_validator(mode="after")
     def _step_holds_every_sequence(self) -> EngineSettings:

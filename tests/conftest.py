@@ -13,6 +13,7 @@ import redis
 
 from rag_stream.prepare import make_tiny_model
 from rag_stream.settings import DEFAULT_EMBEDDER_DIRNAME, DEFAULT_LLM_DIRNAME
+from tests.support.cluster import Cluster
 from tests.support.kv_engines import KvEngines, start_kv_engines, wanted_engines
 from tests.support.server import ROOT, ServerProcess
 
@@ -201,6 +202,17 @@ def smollm2_server(
     survivor = takeover_servers_start[0]
     survivor.wait_ready()
     return survivor
+
+
+@pytest.fixture(scope="session")
+def cluster_start(
+    tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path
+) -> Iterator[Cluster]:
+    """test_cluster.py's ``scripts/cluster.sh`` topology, launched, not waited for."""
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"), smollm2_path, REDIS_URL, POSTGRES_URL)
+    cluster.begin()
+    yield cluster
+    cluster.stop()  # (the module stops it first; this is for a run that never reached it)
 
 
 @pytest.fixture(scope="session")

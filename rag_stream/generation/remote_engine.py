@@ -87,7 +87,11 @@ class RemoteEngine:
                 )
             length, block_size = served[0]
             tokenizer = await _load_tokenizer(settings.resolved_model)
-            router = Router([Replica(u) for u in urls], settings.engine.replica_max_waiting)
+            router = Router(
+                [Replica(u) for u in urls],
+                settings.engine.replica_max_waiting,
+                round_robin=settings.engine.replica_routing == "round_robin",
+            )
             engine = cls(
                 tokenizer,
                 name,

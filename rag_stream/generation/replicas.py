@@ -40,11 +40,15 @@ def _point(text: str) -> int:
 
 
 class Router:
-    def __init__(self, replicas: Sequence[Replica], max_waiting: int) -> None:
+    def __init__(
+        self, replicas: Sequence[Replica], max_waiting: int, round_robin: bool = False
+    ) -> None:
         if not replicas:
             raise ValueError("no engine replica to route to")
         self.replicas = list(replicas)
         self._max_waiting = max_waiting
+        self._round_robin = round_robin
+        self._turn = 0
         ring = sorted(
             (_point(f"{r.url}#{i}"), n) for n, r in enumerate(replicas) for i in range(_VNODES)
         )
@@ -58,6 +62,8 @@ class Router:
 
     def pick(self, key: str, exclude: Sequence[Replica] = ()) -> Replica | None:
         """Where to send a request with ``key``; None when no healthy replica is left."""
+        if self._round_robin:
+            return self._next(exclude)
         choice = self.preferred(key)
         if choice.healthy and choice not in exclude and choice.waiting <= self._max_waiting:
             return choice
@@ -65,6 +71,15 @@ class Router:
         if not usable:
             return None
         return min(usable, key=lambda r: (r.waiting, r is not choice))
+
+
+    def _next(self, exclude: Sequence[Replica]) -> Replica | None:
+        for _ in range(len(self.replicas)):
+            replica = self.replicas[self._turn % len(self.replicas)]
+            self._turn += 1
+            if replica.healthy and replica not in exclude:
+                return replica
+        return None
 
 
 class Health:

@@ -16,6 +16,16 @@ import httpx
 from tests.support.server import ROOT, free_port
 
 
+def metric(url: str, name: str) -> float:
+    """The sum of a Prometheus metric's samples on a vLLM server (0 when it is down)."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return 0.0
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)$", re.M)
+    return sum(float(v) for v in pattern.findall(text))
+
+
 class VllmServer:
     """float32, greedy-exact, prefix caching on, cached tokens reported; ``extra`` arguments
     are added (a KV connector, say)."""
@@ -62,13 +72,7 @@ class VllmServer:
         raise TimeoutError(f"vLLM server not ready; see {self.log_path}")
 
     def metric(self, name: str) -> float:
-        """The sum of a Prometheus metric's samples (0 when the server is down)."""
-        try:
-            text = httpx.get(self.url + "/metrics", timeout=5).text
-        except httpx.HTTPError:
-            return 0.0
-        pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)$", re.M)
-        return sum(float(v) for v in pattern.findall(text))
+        return metric(self.url, name)
 
     def kill(self) -> None:
         """kill -9 of the server and its engine core."""

@@ -65,3 +65,13 @@ def test_no_usable_replica_gives_none() -> None:
     second = router.pick("k", exclude=[first])
     assert second is not None and second is not first
     assert router.pick("k", exclude=[first, second]) is None
+
+
+def test_round_robin_takes_turns_and_skips_a_down_replica() -> None:
+    router = Router([Replica(f"http://engine-{i}:8000") for i in range(3)], 4, round_robin=True)
+    urls = [router.pick("conversation-a").url for _ in range(6)]  # type: ignore[union-attr]
+    assert urls == [r.url for r in router.replicas] * 2  # the key is ignored
+    router.replicas[1].healthy = False
+    picked = [router.pick("conversation-a") for _ in range(4)]
+    assert router.replicas[1] not in picked and len(set(map(id, picked))) == 2
+    assert router.pick("k", exclude=[router.replicas[0], router.replicas[2]]) is None
