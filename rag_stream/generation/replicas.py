@@ -72,7 +72,6 @@ class Router:
             return None
         return min(usable, key=lambda r: (r.waiting, r is not choice))
 
-
     def _next(self, exclude: Sequence[Replica]) -> Replica | None:
         for _ in range(len(self.replicas)):
             replica = self.replicas[self._turn % len(self.replicas)]
