@@ -112,6 +112,11 @@ class JobRun:
     retrieval_ms: float = 0.0
     runs: list[TokenRun] = field(default_factory=list)  # this process's sections
 
+    @property
+    def _affinity(self) -> str:
+        """The job's outline and sections go to one engine replica (remote engines)."""
+        return f"job:{self.plan.job_id}"
+
     async def run(self, ctx: StreamContext) -> FinishReason:
         try:
             return await self._run(ctx)
@@ -174,7 +179,13 @@ class JobRun:
         ctx.on_stop(lambda: engine.abort(f"{ctx.run_id}:outline0"))
         ctx.on_stop(lambda: engine.abort(f"{ctx.run_id}:outline1"))
         return await plan_outline(
-            engine, ctx.run_id, self.plan.spec, cfg.outline_tokens, cfg.max_heading_chars, BATCH
+            engine,
+            ctx.run_id,
+            self.plan.spec,
+            cfg.outline_tokens,
+            cfg.max_heading_chars,
+            BATCH,
+            affinity=self._affinity,
         )
 
     async def _section(self, ctx: StreamContext, engine: Engine, index: int) -> None:
@@ -190,6 +201,7 @@ class JobRun:
                 index,
                 kind.cfg.tail_tokens,
                 BATCH,
+                self._affinity,
             )
             self.retrieval_ms += plan.retrieval_ms
             self.plan = self.plan.model_copy(update={"current": plan})

@@ -65,6 +65,7 @@ async def plan_outline(
     max_tokens: int,
     max_heading_chars: int,
     priority: int,
+    affinity: str | None = None,
 ) -> list[str]:
     """Ask the model for ``spec.sections`` headings (twice at most)."""
     replies: list[str] = []
@@ -72,7 +73,11 @@ async def plan_outline(
         prompt = engine.chat_prompt(_messages(spec, strict))
         seed = None if spec.seed is None else spec.seed + attempt
         sampling = Sampling(
-            max_tokens=max_tokens, temperature=spec.temperature, seed=seed, priority=priority
+            max_tokens=max_tokens,
+            temperature=spec.temperature,
+            seed=seed,
+            priority=priority,
+            affinity=affinity,
         )
         ids: list[int] = []
         async for step in engine.generate(f"{request_id}:outline{attempt}", prompt, sampling):

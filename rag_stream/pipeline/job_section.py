@@ -81,8 +81,10 @@ async def prepare(
     index: int,
     tail_tokens: int,
     priority: int,
+    affinity: str,
 ) -> SectionPlan:
-    """Retrieve on heading + instructions + title and fit the section's prompt."""
+    """Retrieve on heading + instructions + title and fit the section's prompt; ``affinity``
+    keeps a job's sections on one engine replica, where its title and outline are cached."""
     assert state.outline is not None
     headings = state.outline.headings
     query = "\n".join(p for p in (headings[index], spec.instructions, spec.title) if p)
@@ -109,6 +111,7 @@ async def prepare(
         temperature=spec.temperature,
         seed=spec.seed,
         priority=priority,
+        affinity=affinity,
     )
     return SectionPlan.of(
         fitted.prompt_ids,

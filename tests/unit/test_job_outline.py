@@ -1,10 +1,16 @@
-"""Parsing a planned outline: exactly N headings or nothing."""
+"""Parsing a planned outline: exactly N headings or nothing; a job's engine requests share one
+replica key."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
-from rag_stream.pipeline.job_outline import parse_outline
+from rag_stream.generation.engine import EngineStep, Sampling
+from rag_stream.pipeline.job_outline import OutlineFailed, parse_outline, plan_outline
+from rag_stream.pipeline.job_section import SectionPlan
+from rag_stream.schemas.jobs import JobSpec
 
 
 @pytest.mark.parametrize(
@@ -36,3 +42,41 @@ def test_numbering_bullets_and_an_introduction_are_stripped(reply: str) -> None:
 )
 def test_anything_but_exactly_n_headings_is_refused(reply: str) -> None:
     assert parse_outline(reply, 3, 200) is None
+
+
+class _Recording:
+    """A stub engine that records the sampling of each request (the replica routing key)."""
+
+    def __init__(self) -> None:
+        from tests.support.fakes import stub_engine
+
+        self._engine = stub_engine()
+        self.tokenizer = self._engine.tokenizer
+        self.stop_token_ids = self._engine.stop_token_ids
+        self.affinities: list[str | None] = []
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        return self._engine.chat_prompt(messages)
+
+    def generate(
+        self, request_id: str, prompt: str, sampling: Sampling
+    ) -> AsyncIterator[EngineStep]:
+        self.affinities.append(sampling.affinity)
+        return self._engine.generate(request_id, prompt, sampling)
+
+
+async def test_a_planned_outline_goes_where_the_job_sections_go() -> None:
+    engine = _Recording()
+    spec = JobSpec(title="T", sections=3, section_tokens=32, top_k=2)
+    with pytest.raises(OutlineFailed):  # the stub's text is no outline: both attempts run
+        await plan_outline(engine, "r", spec, 8, 200, 1, affinity="job:abc")  # type: ignore[arg-type]
+    assert engine.affinities == ["job:abc", "job:abc"]
+
+
+def test_a_section_plan_keeps_its_replica_key_through_the_log() -> None:
+    # a takeover rebuilds the section's request from the saved plan: same replica
+    plan = SectionPlan.of(
+        [1, 2, 3], Sampling(max_tokens=8, affinity="job:abc"), index=0, heading="H", citations=[]
+    )
+    again = SectionPlan.model_validate_json(plan.model_dump_json())
+    assert again.sampling(already_generated=2).affinity == "job:abc"
