@@ -125,12 +125,20 @@ class Quotas:
         while self._held:
             await asyncio.sleep(self._ttl_ms / 1000 / 3)
             lapse = int(time.time() * 1000) + self._ttl_ms
+            held = list(self._held.items())
             try:
                 async with self._redis.pipeline(transaction=False) as pipe:
-                    for member, key in list(self._held.items()):
-                        pipe.zadd(key, {member: lapse}, xx=True)
+                    # Not only extended: written again. A refresh late by more than the TTL
+                    # (an overloaded process) finds its places lapsed and removed; its streams
+                    # are still generating, so they count again from now.
+                    for member, key in held:
+                        pipe.zadd(key, {member: lapse})
                         pipe.pexpire(key, self._ttl_ms * 2)
                     await pipe.execute()
+                # a place released while that ran may have been written back after its removal
+                for member, key in held:
+                    if member not in self._held:
+                        await self._remove(key, member)
             except RedisError as exc:
                 log.warning("tenant limits: refresh failed (%s); retrying", exc)
 

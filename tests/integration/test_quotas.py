@@ -94,3 +94,26 @@ async def test_an_admission_refused_by_the_tenant_limit_gives_its_ticket_back(
         assert again.hold is not None
     again.release()
     await quotas.close()
+
+
+async def test_a_place_that_lapsed_while_its_stream_ran_counts_again(redis: Redis) -> None:
+    # An overloaded process refreshes late: its place lapsed and another process's take removed
+    # it. The stream is still generating, so the next refresh puts the place back: the tenant is
+    # at its limit again, not one stream under it for as long as that stream runs.
+    prefix = f"rs-quota-{uuid.uuid4().hex[:8]}"
+    slow = _quotas(redis, prefix, hold_ttl_ms=300, active=1)
+    other = _quotas(redis, prefix, hold_ttl_ms=300, active=1)
+    try:
+        member = await slow.hold("acme", 1)
+        key = f"{prefix}:tenant-active:acme"
+        await redis.zrem(key, member)  # what a late refresh finds: lapsed and gone
+        await asyncio.sleep(0.3)  # refreshes every 100 ms
+        assert await redis.zscore(key, member) is not None
+        with pytest.raises(TooManyRequests):
+            await other.hold("acme", 1)
+        slow.release(member)
+        await asyncio.sleep(0.25)  # a refresh that raced the release does not bring it back
+        assert await redis.zscore(key, member) is None
+    finally:
+        await slow.close()
+        await other.close()
