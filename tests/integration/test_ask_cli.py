@@ -65,6 +65,9 @@ class _Running:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # a suite started in the background (nohup ... &) hands its children SIGINT
+            # ignored; the CLI is run as from a terminal, where Ctrl-C is delivered
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

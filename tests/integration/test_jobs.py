@@ -4,6 +4,7 @@ two server processes sharing both (the victim is killed with -9 mid-section)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -84,7 +85,10 @@ def servers(
         "RAG_STREAM_DATABASE_URL": db,
     }
     _cli({**base, "RAG_STREAM_DATA_DIR": str(dirs[0])}, "ingest", str(docs), "--kb", KB)
-    _cli({**base, "RAG_STREAM_DATA_DIR": str(dirs[1])}, "reindex", "--no-progress")
+    # the second process gets a copy of the first's vector store, not one rebuilt apart: its
+    # searches then rank exactly alike, so a section's sources (and the [n] numbering later
+    # sections continue) do not depend on which process wrote it
+    shutil.copytree(dirs[0], dirs[1], dirs_exist_ok=True)
     env = {
         "RAG_STREAM_REDIS_URL": REDIS_URL,
         "RAG_STREAM_DATABASE_URL": db,
