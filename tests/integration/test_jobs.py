@@ -4,7 +4,6 @@ two server processes sharing both (the victim is killed with -9 mid-section)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REDIS_URL, ServerFactory
+from tests.conftest import REDIS_URL, SESSION_PREFIX, ServerFactory
 from tests.support.pg import postgres_database
 from tests.support.proxy import TcpProxy
 from tests.support.server import ROOT, ServerProcess
@@ -85,17 +84,18 @@ def servers(
         "RAG_STREAM_DATABASE_URL": db,
     }
     _cli({**base, "RAG_STREAM_DATA_DIR": str(dirs[0])}, "ingest", str(docs), "--kb", KB)
-    # the second process gets a copy of the first's vector store, not one rebuilt apart: its
-    # searches then rank exactly alike, so a section's sources (and the [n] numbering later
-    # sections continue) do not depend on which process wrote it
-    shutil.copytree(dirs[0], dirs[1], dirs_exist_ok=True)
+    _cli({**base, "RAG_STREAM_DATA_DIR": str(dirs[1])}, "reindex", "--no-progress")
     env = {
         "RAG_STREAM_REDIS_URL": REDIS_URL,
+        # Redis keys of their own: the session's other SmolLM2 servers (the takeover pair, alive
+        # from test_ask_cli to test_takeover) share the Redis but not this database or KB, and
+        # their sweepers would otherwise race these two for the killed job's stream (the one
+        # that won wrote sections from its own store: section 2 differed, in CI and here)
+        "RAG_STREAM_STREAMING__KEY_PREFIX": f"{SESSION_PREFIX}-jobs",
         "RAG_STREAM_DATABASE_URL": db,
-        # The kill test's reference job runs on the survivor first, so without this the
-        # takeover's later sections would find the reference's prompts in the prefix cache: a
-        # cache hit computes through another kernel path, whose float32 rounding flipped a
-        # near-tied greedy choice once in CI (section 2 differed). Without the cache both runs
+        # The kill test's reference job runs on the survivor first, so with the cache the
+        # takeover's later sections would hit the reference's prompts: another kernel path,
+        # whose float32 rounding can flip a near-tied greedy choice. Without it both runs
         # compute every prompt alike; what the test proves (the takeover continues the log
         # exactly) does not depend on it.
         "RAG_STREAM_ENGINE__ENABLE_PREFIX_CACHING": "false",
