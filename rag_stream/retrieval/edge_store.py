@@ -22,6 +22,7 @@ for it (streams do not). The CLI calls it when it is done writing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import subprocess
 import sys
@@ -60,6 +61,7 @@ class _Worker:
             stdout=subprocess.PIPE,
         )
         self._lock = threading.Lock()
+        self._died = False  # a call saw it go (before the kernel may say it has exited)
 
     def opened(self) -> None:
         """Wait for the shard to open; its error (``StoreInUse``...) if it could not."""
@@ -72,9 +74,12 @@ class _Worker:
     def call(self, method: str, *args: Any) -> Any:
         with self._lock:
             assert self._proc.stdin is not None
+            if self._died:  # (calls queued behind the one that found it dead)
+                raise _WorkerDied("found dead by an earlier call")
             try:
                 write_frame(self._proc.stdin, (method, args))
-            except (BrokenPipeError, OSError) as exc:
+            except (OSError, ValueError) as exc:  # a broken pipe; closed by stop()
+                self._died = True
                 raise _WorkerDied from exc
             ok, value = self._reply()
         if not ok:
@@ -82,11 +87,12 @@ class _Worker:
         return value
 
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        return not self._died and self._proc.poll() is None
 
     def stop(self) -> None:
         if self._proc.stdin is not None:
-            self._proc.stdin.close()
+            with contextlib.suppress(OSError):  # flushing into a dead worker's pipe
+                self._proc.stdin.close()
         try:
             self._proc.wait(_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -99,7 +105,8 @@ class _Worker:
         assert self._proc.stdout is not None
         try:
             return cast(tuple[bool, Any], read_frame(self._proc.stdout))
-        except EOFError:
+        except (EOFError, OSError, ValueError):  # ValueError: closed by stop()
+            self._died = True
             raise _WorkerDied(f"exit code {self._proc.wait()}") from None
 
 
@@ -119,6 +126,7 @@ class EdgeVectorStore:
         self._last_write = 0.0
         self._idle: asyncio.Task[None] | None = None
         self._lock = anyio.Lock()  # writes and optimize, one at a time
+        self._replacing = anyio.Lock()  # one replacement of a dead worker, whoever finds it
 
     @property
     def unindexed(self) -> int:
@@ -218,18 +226,25 @@ class EdgeVectorStore:
         raise AssertionError("unreachable")
 
     async def _live_worker(self) -> _Worker:
-        worker = self._worker
-        if worker is None:
-            raise RuntimeError("the vector store is closed")
-        if worker.alive():
-            return worker
-        worker.stop()  # dead: reap it and close its pipes
-        replacement = _Worker(self._path)  # here, in the event loop's thread (see _Worker)
-        try:
-            await anyio.to_thread.run_sync(replacement.opened)
-        except StoreInUse as exc:
-            raise VectorStoreUnavailable(
-                "the vector store's folder is held by another process"
-            ) from exc
-        self._worker = replacement
-        return replacement
+        while True:
+            worker = self._worker
+            if worker is None:
+                raise RuntimeError("the vector store is closed")
+            if worker.alive():
+                return worker
+            # Calls in flight all find the death at once: the first replaces the worker and
+            # the others wait for it (a second replacement would find the folder held by the
+            # first and fail its call: vector_store_unavailable in the chaos campaign)
+            async with self._replacing:
+                if self._worker is not worker:
+                    continue  # replaced while this call waited
+                worker.stop()  # dead: reap it and close its pipes
+                replacement = _Worker(self._path)  # in the event loop's thread (see _Worker)
+                try:
+                    await anyio.to_thread.run_sync(replacement.opened)
+                except StoreInUse as exc:
+                    raise VectorStoreUnavailable(
+                        "the vector store's folder is held by another process"
+                    ) from exc
+                self._worker = replacement
+                return replacement

@@ -105,6 +105,33 @@ async def test_a_dead_worker_is_replaced_and_keeps_what_was_written(tmp_path: Pa
     assert _worker_pids(folder) == []  # close stops the worker
 
 
+async def test_calls_in_flight_when_the_worker_dies_all_get_answers(tmp_path: Path) -> None:
+    """Every call that finds the worker dead waits for one replacement: none fails. (Each
+    started its own, which found the folder held by the first: the chaos campaign's
+    ``vector_store_unavailable`` for an answer whose search was running.)"""
+    folder = tmp_path / "v"
+    store = EdgeVectorStore(folder, optimize_after_points=0, optimize_idle_s=0)
+    await store.ensure(DIM)
+    try:
+        points = _random_points(200, seed=3)
+        await store.upsert(points)
+        queries = [VectorQuery("dense", p.vector) for p in points[:12]]
+        expected = [(await store.search(p.kb_id, q, 3))[0].chunk_id for p, q in
+                    zip(points, queries, strict=False)]  # fmt: skip
+        (pid,) = _worker_pids(folder)
+        os.kill(pid, signal.SIGKILL)
+        found = await asyncio.gather(
+            *(store.search(p.kb_id, q, 3) for p, q in zip(points, queries, strict=False)),
+            return_exceptions=True,
+        )
+        failed = [f for f in found if isinstance(f, BaseException)]
+        assert not failed, failed
+        assert [hits[0].chunk_id for hits in found] == expected  # type: ignore[index]
+        assert len(_worker_pids(folder)) == 1
+    finally:
+        await store.close()
+
+
 _HOLDER = """
 import asyncio, sys
 from pathlib import Path
