@@ -135,13 +135,26 @@ def create_app(
 
     async def load_engine(engines: EngineSlot) -> None:
         try:
-            engines.set(await engine_factory(settings))
+            engine = await engine_factory(settings)
+            engines.set(engine)
             _freeze_startup_heap()
         except Exception as exc:
             engines.fail(str(exc))
             logger.error("engine: failed to start: %s", exc)
             if exit_on_engine_failure:
-                os.kill(os.getpid(), signal.SIGTERM)
+                stop_process()
+            return
+        await engine.wait_dead()
+        logger.error(
+            "engine: the engine core died; stopping this process (exit status 1) so that its "
+            "streams continue in another process, or here once a supervisor restarts it"
+        )
+        if exit_on_engine_failure:
+            stop_process()
+
+    def stop_process() -> None:
+        app.state.exit_status = 1  # what `rag-stream serve` exits with
+        app.state.request_exit()
 
     async def close_engine(engines: EngineSlot, loading: asyncio.Task[None]) -> None:
         await _cancel(loading)
@@ -245,6 +258,10 @@ def create_app(
         redoc_url="/redoc" if docs else None,
         openapi_url="/openapi.json" if docs else None,
     )
+    app.state.exit_status = 0
+    # how the app asks to be stopped; `rag-stream serve` sets a clean stop of its server (after
+    # a SIGTERM, uvicorn re-raises the signal at the end: the exit status would be lost)
+    app.state.request_exit = lambda: os.kill(os.getpid(), signal.SIGTERM)
 
     app.add_middleware(RequestMetrics, metrics=metrics)
     security = settings.security

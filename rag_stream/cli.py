@@ -17,7 +17,7 @@ from rag_stream.errors import (
 )
 from rag_stream.job_cli import add_job_commands
 from rag_stream.schemas.tenants import LOCAL_TENANT
-from rag_stream.settings import ENV_PREFIX, Settings, load_settings
+from rag_stream.settings import ENV_PREFIX, Settings, load_settings, without_password
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -65,8 +65,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "http": "httptools",
     }
     if workers == 1:
-        uvicorn.run(create_app(settings), **common)  # type: ignore[arg-type]
-        return 0
+        app = create_app(settings)
+        server = uvicorn.Server(uvicorn.Config(app, **common))  # type: ignore[arg-type]
+        app.state.request_exit = lambda: setattr(server, "should_exit", True)
+        server.run()
+        if not server.started:
+            return 3  # its start-up failed (what uvicorn.run exits with then)
+        return int(app.state.exit_status)  # 1 when its engine failed to start or died
     # Each worker process builds its own app from the same settings, passed by environment.
     os.environ[f"{ENV_PREFIX}PROFILE"] = settings.profile
     os.environ[f"{ENV_PREFIX}HOST"] = settings.host
@@ -81,7 +86,8 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings.log_level)
     migrate(settings)
-    print(f"database at head: {settings.resolved_database_url}")
+    url = settings.resolved_database_url
+    print(f"database at head: {without_password(url, url)}")
     return 0
 
 

@@ -13,6 +13,7 @@ RagStreamError                      500 internal_error
 ├── TooManyRequests                 429 too_many_requests (with Retry-After)
 └── ServiceUnavailable              503 service_unavailable
     ├── EngineUnavailable           503 engine_unavailable
+    │   └── EngineDied              (the in-process engine's core died: its streams go on elsewhere)
     ├── EventLogUnavailable         503 event_log_unavailable
     └── VectorStoreUnavailable      503 vector_store_unavailable
 
@@ -92,6 +93,12 @@ class ServiceUnavailable(RagStreamError):
 
 class EngineUnavailable(ServiceUnavailable):
     code = "engine_unavailable"
+
+
+class EngineDied(EngineUnavailable):
+    """The in-process engine's core died, and it never comes back. A stream that meets this is
+    not ended: it is left, as at shutdown, to a process that can continue it, and this process
+    stops itself (``create_app``)."""
 
 
 class EventLogUnavailable(ServiceUnavailable):

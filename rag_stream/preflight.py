@@ -9,7 +9,7 @@ from pathlib import Path
 from rag_stream.errors import ConfigError
 from rag_stream.retrieval.qdrant_store import LEGACY_COLLECTION
 from rag_stream.retrieval.stores import REINDEX_HINT, old_store
-from rag_stream.settings import ENV_PREFIX, Settings
+from rag_stream.settings import ENV_PREFIX, Settings, without_password
 from rag_stream.store.db import upgrade
 
 
@@ -36,8 +36,10 @@ def check_redis(settings: Settings) -> None:
     try:
         client.ping()
     except Exception as exc:
+        url = settings.redis_url
         raise ConfigError(
-            f"{ENV_PREFIX}REDIS_URL: cannot reach {settings.redis_url}: {exc}"
+            f"{ENV_PREFIX}REDIS_URL: cannot reach {without_password(url, url)}: "
+            f"{without_password(str(exc), url)}"
         ) from None
     finally:
         client.close()
@@ -54,8 +56,10 @@ def check_qdrant(settings: Settings) -> None:
         legacy = httpx.get(f"{base}/collections/{LEGACY_COLLECTION}/exists", timeout=3)
         legacy.raise_for_status()
     except Exception as exc:
+        url = settings.qdrant_url
         raise ConfigError(
-            f"{ENV_PREFIX}QDRANT_URL: cannot reach {settings.qdrant_url}: {exc}"
+            f"{ENV_PREFIX}QDRANT_URL: cannot reach {without_password(url, url)}: "
+            f"{without_password(str(exc), url)}"
         ) from None
     if legacy.json().get("result", {}).get("exists"):
         raise ConfigError(
@@ -76,7 +80,8 @@ def migrate(settings: Settings) -> None:
     try:
         upgrade(settings.resolved_database_url)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        said = without_password(str(exc), settings.database_url).strip()
+        first = said.splitlines()[0] if said else type(exc).__name__
         raise ConfigError(f"{ENV_PREFIX}DATABASE_URL: migration failed: {first}") from None
 
 

@@ -14,6 +14,7 @@ import os
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -459,6 +460,13 @@ class ProfileSource(YamlConfigSettingsSource):
         if not isinstance(data, dict):
             raise ConfigError(f"{ENV_PREFIX}PROFILE: {file_path} must contain a mapping")
         return data
+
+
+def without_password(text: str, url: str | None) -> str:
+    """``text`` (the URL itself, or a message that may quote it) with the URL's password shown
+    as ``***``: a service URL's credentials never reach a log line or a terminal."""
+    password = urlsplit(url).password if url else None
+    return text.replace(f":{password}@", ":***@") if password else text
 
 
 def load_settings(**overrides: Any) -> Settings:

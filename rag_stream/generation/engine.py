@@ -60,6 +60,11 @@ class Engine(Protocol):
         at least one healthy replica."""
         ...
 
+    async def wait_dead(self) -> None:
+        """Return once this engine can never serve again (an in-process engine whose core
+        died); an engine that can recover (remote replicas) never returns."""
+        ...
+
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
         """The model's chat template applied to messages, ready for generation."""
         ...

@@ -113,6 +113,9 @@ class RemoteEngine:
     def reachable(self) -> bool:
         return any(r.healthy for r in self.router.replicas)
 
+    async def wait_dead(self) -> None:
+        await asyncio.get_running_loop().create_future()  # replicas come back: never dead
+
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
         apply = getattr(self.tokenizer, "apply_chat_template")  # noqa: B009
         return cast(str, apply(list(messages), tokenize=False, add_generation_prompt=True))

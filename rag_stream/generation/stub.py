@@ -58,5 +58,8 @@ class StubEngine:
     def reachable(self) -> bool:
         return True
 
+    async def wait_dead(self) -> None:
+        await asyncio.get_running_loop().create_future()  # never
+
     async def close(self) -> None:
         return None

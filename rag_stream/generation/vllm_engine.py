@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import anyio
 
-from rag_stream.errors import EngineUnavailable
+from rag_stream.errors import EngineDied, EngineUnavailable
 from rag_stream.generation.detokenize import backend_of
 from rag_stream.generation.engine import EngineStep, Sampling, Tokenizer
 from rag_stream.schemas.events import FinishReason
@@ -131,7 +131,7 @@ class VLLMEngine:
                 )
         except Exception as exc:
             if type(exc).__name__ == "EngineDeadError":
-                raise EngineUnavailable(f"engine died: {exc}") from exc
+                raise EngineDied(f"engine died: {exc}") from exc
             raise
 
     async def abort(self, request_id: str) -> None:
@@ -139,6 +139,11 @@ class VLLMEngine:
 
     def reachable(self) -> bool:
         return not self._llm.errored  # the engine core died (it does not come back)
+
+    async def wait_dead(self) -> None:
+        # vLLM offers no event for it (its output handler starts with the first request)
+        while not self._llm.errored:  # noqa: ASYNC110
+            await asyncio.sleep(0.5)
 
     async def close(self) -> None:
         # AsyncLLM.shutdown cancels its output handler only after stopping the engine core; a

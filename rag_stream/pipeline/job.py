@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from rag_stream.errors import RagStreamError
+from rag_stream.errors import EngineDied, RagStreamError
 from rag_stream.generation.engine import Engine
 from rag_stream.generation.priority import ENGINE_PRIORITY, PriorityClass
 from rag_stream.generation.slot import EngineSlot
@@ -120,6 +120,8 @@ class JobRun:
     async def run(self, ctx: StreamContext) -> FinishReason:
         try:
             return await self._run(ctx)
+        except EngineDied:
+            raise  # not a failure of the job: another process continues it
         except RagStreamError as exc:
             if ctx.writer.stop_reason is None:  # a real failure, not a stop or a takeover
                 await self._failed(exc.code, exc.message)

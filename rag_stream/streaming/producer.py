@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
-from rag_stream.errors import EventLogUnavailable, RagStreamError
+from rag_stream.errors import EngineDied, EventLogUnavailable, RagStreamError
 from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason, StreamStarted
 from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.settings import StreamingSettings
@@ -170,10 +170,14 @@ class Producers:
             terminal: Event = await producer.finish(ctx, reason, writer.next_id)
         except asyncio.CancelledError:
             # this process is shutting down: leave the stream to be taken over elsewhere
-            feeds.stop_producing(sid)
-            with contextlib.suppress(Exception):
-                await writer.run_stop_callbacks()
+            await self._leave(sid, writer)
             raise
+        except EngineDied:
+            # so is it, for want of an engine (create_app stops it): leave the stream too,
+            # rather than end it with an error a live process could have avoided
+            logger.warning("stream %s: the engine died; left to be continued elsewhere", sid)
+            await self._leave(sid, writer)
+            return
         except Exception as exc:
             if writer.stop_reason in GONE:
                 await self._gone(sid, new, writer)
@@ -186,6 +190,13 @@ class Producers:
             await self._mark_lost(sid, new, terminal.id)
         elif outcome != "done":
             feeds.stop_producing(sid)
+
+    async def _leave(self, sid: str, writer: StreamWriter) -> None:
+        """Stop producing without an end: the stream's lease lapses (or this process's
+        presence goes) and another process continues it from its log."""
+        self.feeds.stop_producing(sid)
+        with contextlib.suppress(Exception):
+            await writer.run_stop_callbacks()
 
     async def _gone(self, sid: str, new: NewStream, writer: StreamWriter) -> None:
         if writer.stop_reason == "log_lost":

@@ -22,6 +22,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def child_pid(parent: int, title: str) -> int:
+    """A child process of ``parent`` whose command line holds ``title``: ``EngineCore`` (vLLM's
+    engine core, by its process title) or ``edge_worker`` (the embedded vector store's)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if ppid == str(parent) and title.encode() in argv:
+            return int(entry.name)
+    raise LookupError(f"process {parent} has no child named {title}")
+
+
 class ServerProcess:
     def __init__(
         self,
