@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 from collections.abc import Collection
 from urllib.parse import urlsplit
 
@@ -27,14 +28,18 @@ logger = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 _STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# RFC 9110 Host: a name or a bracketed IPv6 address, then an optional port.
+_HOST = re.compile(r"(?:\[(?P<ip6>[0-9a-f:.]+)\]|(?P<name>[^\s:/?#@\[\]\\]+))(?::[0-9]*)?")
 
 
 def host_name(host_header: str) -> str:
-    """``example.com:8000`` -> ``example.com``; ``[::1]:8000`` -> ``::1``."""
-    host = host_header.strip().lower()
-    if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    """``example.com:8000`` -> ``example.com``; ``[::1]:8000`` -> ``::1``. A header that is not
+    a host and an optional port (``localhost:80@evil.example``, ``[::1]evil``, a bare IPv6
+    address) gives "", which no trusted name matches: a trusted prefix is not a trusted host."""
+    found = _HOST.fullmatch(host_header.strip().lower())
+    if found is None:
+        return ""
+    return found["ip6"] or found["name"]
 
 
 def is_loopback(host: str) -> bool:

@@ -15,6 +15,10 @@ from rag_stream.errors import InvalidRequest, PayloadTooLarge
 
 # Room for the multipart boundaries and the small form fields next to the file.
 _FORM_OVERHEAD = 64 * 1024
+# What a client can do about the parser's terser reasons.
+_HINTS = {
+    "Maximum header size exceeded": "a part's header, its file name included, is limited to 4 KB",
+}
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,15 @@ async def read_body(request: Request, limit: int) -> bytes:
 async def read_upload(request: Request, limit: int) -> Upload:
     """The one file of a multipart form (field ``file``) plus its text fields."""
     stream = _limited(request, limit + _FORM_OVERHEAD)
+    parser = MultiPartParser(request.headers, stream, max_files=1, max_fields=16)
+    # Starlette spools a file over 1 MB to the system's temp dir, outside the data folder. It is
+    # read whole into memory right after (the parser needs all of it), and the stream above
+    # stops past the limit: kept in memory from the start, an upload is never written to disk.
+    parser.spool_max_size = limit + _FORM_OVERHEAD
     try:
-        form = await MultiPartParser(request.headers, stream, max_files=1, max_fields=16).parse()
+        form = await parser.parse()
     except MultiPartException as exc:
-        raise InvalidRequest(f"malformed multipart form: {exc.message}") from None
+        raise InvalidRequest(f"malformed multipart form: {_reason(exc)}") from None
     try:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
@@ -63,6 +72,18 @@ async def read_upload(request: Request, limit: int) -> Upload:
         return Upload(data, upload.filename, upload.content_type, fields)
     finally:
         await form.close()
+
+
+def _reason(exc: MultiPartException) -> str:
+    """Starlette's message; for a parse error (its "Invalid multipart data."), the parser's own
+    reason, which says what was wrong (say, a file name of thousands of characters). Starlette
+    raises that one from python-multipart's FormParserError, a ValueError."""
+    cause = exc.__cause__
+    if not isinstance(cause, ValueError) or not str(cause):
+        return exc.message
+    reason = str(cause)[:200]
+    hint = _HINTS.get(reason)
+    return f"{reason} ({hint})" if hint else reason
 
 
 def metadata_field(raw: str | None) -> dict[str, Any]:

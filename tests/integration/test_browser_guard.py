@@ -48,6 +48,19 @@ def test_a_foreign_page_cannot_start_upload_or_cancel(stub_server: ServerProcess
         assert http.get("/v1/kbs").json()["data"] == before  # nothing was created
 
 
+def test_by_default_no_page_gets_cors_headers(stub_server: ServerProcess) -> None:
+    """Without security.cors_origins no origin is told it may read a response."""
+    with httpx.Client(base_url=stub_server.url, timeout=30) as http:
+        for origin in (EVIL, "null", "http://localhost:3000"):
+            read = http.get("/v1/kbs", headers={"Origin": origin})
+            assert read.status_code == 200
+            preflight = http.options(
+                "/v1/kbs", headers={"Origin": origin, "Access-Control-Request-Method": "POST"}
+            )
+            for r in (read, preflight):
+                assert not [h for h in r.headers if h.startswith("access-control-")], origin
+
+
 def test_the_servers_own_pages_may_post(stub_server: ServerProcess) -> None:
     own = {"Origin": stub_server.url}
     r = httpx.post(

@@ -114,3 +114,23 @@ def slow_blank_pdf(pages: int = 100, operators: int = 100_000) -> bytes:
     """A ~2 KB file whose pages share a content stream of ``operators`` operators that show
     nothing: every page costs pypdf over a second, in little memory, for no text at all."""
     return shared_content_pdf(b"BT /F1 12 Tf " + b"() Tj " * operators + b"ET", pages, deflate=True)
+
+
+def linking_pdf(url: str) -> bytes:
+    """A page of text that points at ``url`` every way the format allows: an open action, a URI
+    base, a link annotation, and a remote go-to naming a URL file specification."""
+    u = url.encode()
+    return raw_pdf(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R /URI << /Base (%s) >> "
+            b"/OpenAction << /S /URI /URI (%s/open) >> >>" % (u, u),
+            b"<< /Type /Pages /Kids [6 0 R] /Count 1 >>",
+            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+            stream(show_text("Herons nest by the river")),
+            b"<< /Type /Annot /Subtype /Link /Rect [0 0 100 100] "
+            b"/A << /S /GoToR /F << /FS /URL /F (%s/remote.pdf) >> /D [0 /Fit] >> >>" % u,
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+            b"/Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R /Annots [5 0 R 7 0 R] >>",
+            b"<< /Type /Annot /Subtype /Link /Rect [0 0 50 50] /A << /S /URI /URI (%s/a) >> >>" % u,
+        ]
+    )

@@ -2,14 +2,18 @@
 
 ``python -m tests.support.stub_server`` reads the usual settings from the environment, plus
 ``STUB_TOKEN_DELAY_S`` (seconds per token) and, optionally, ``STUB_RTT_MS``: the round-trip time
-every connection is said to have (for ``"coalesce": "auto"``; without it, the kernel's). Tokens
-are bytes (``ByteTokenizer``), so a stream's length in tokens, and so its duration, is known in
-advance on any machine.
+every connection is said to have (for ``"coalesce": "auto"``; without it, the kernel's), and
+``STUB_TEXT``: the text the engine repeats (its default holds Chinese characters, three tokens
+each, sent as one event once whole; an ASCII text makes every token an event). Tokens are bytes
+(``ByteTokenizer``), so a stream's length in tokens, and so its duration, is known in advance on
+any machine.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 
 import uvicorn
 
@@ -22,10 +26,19 @@ from tests.support.fakes import stub_engine
 
 def main() -> None:
     settings = load_settings()
+    # the service's own loggers at the configured level, as `rag-stream serve` sets them up
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     migrate(settings)
     delay = float(os.environ.get("STUB_TOKEN_DELAY_S", "0"))
+    text = os.environ.get("STUB_TEXT")
 
     async def paced(_: Settings) -> Engine:
+        if text:
+            return stub_engine(delay_s=delay, text=text)
         return stub_engine(delay_s=delay)
 
     rtt = os.environ.get("STUB_RTT_MS")

@@ -23,6 +23,22 @@ def test_host_names(header: str, name: str) -> None:
     assert host_name(header) == name
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        "localhost:80@evil.example",  # a trusted name, then something else
+        "127.0.0.1:8000/evil.example",
+        "[::1]evil.example",
+        "localhost:abc",
+        "localhost evil.example",
+        "::1",  # IPv6 is bracketed in Host
+        "localhost\\evil.example",
+    ],
+)
+def test_a_header_that_is_not_host_and_port_names_no_host(header: str) -> None:
+    assert host_name(header) == ""
+
+
 @pytest.mark.parametrize("listen", ["127.0.0.1", "127.1.2.3", "::1", "localhost"])
 def test_loopback_listeners_trust_loopback_names_only(listen: str) -> None:
     assert default_trusted_hosts(listen) == list(LOOPBACK_NAMES)
