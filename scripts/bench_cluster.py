@@ -23,6 +23,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -148,8 +149,12 @@ def conversations(
         )  # over one 128-token KV block, unique to the conversation
         histories.append([{"role": "system", "content": notes}])
     later_prompt = later_cached = 0
+    order = random.Random(1)  # the same orders for both routings
     for turn in range(turns):
-        for history in histories:  # interleaved, as many users at once would be
+        # interleaved, as many users at once would be, in a new order each turn: in a fixed
+        # order an even number of conversations would meet round-robin's alternation in step,
+        # each always on the same replica (what the first run of this script measured)
+        for history in order.sample(histories, len(histories)):
             history.append({"role": "user", "content": f"Question {turn + 1}: what happened next?"})
             answer, prompt, cached = chat_turn(api.url, history, max_tokens)
             history.append({"role": "assistant", "content": answer})
