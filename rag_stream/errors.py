@@ -12,9 +12,11 @@ RagStreamError                      500 internal_error
 ├── UnsupportedMediaType            415 unsupported_media_type
 ├── TooManyRequests                 429 too_many_requests (with Retry-After)
 └── ServiceUnavailable              503 service_unavailable
+    ├── DatabaseUnavailable         503 database_unavailable
     ├── EngineUnavailable           503 engine_unavailable
     │   └── EngineDied              (the in-process engine's core died: its streams go on elsewhere)
     ├── EventLogUnavailable         503 event_log_unavailable
+    ├── StartInterrupted            503 start_interrupted (its process died during retrieval)
     └── VectorStoreUnavailable      503 vector_store_unavailable
 
 Every error renders as ``{"error": {"code", "message", "type", "param"}}`` with its status code
@@ -91,6 +93,10 @@ class ServiceUnavailable(RagStreamError):
     code = "service_unavailable"
 
 
+class DatabaseUnavailable(ServiceUnavailable):
+    code = "database_unavailable"
+
+
 class EngineUnavailable(ServiceUnavailable):
     code = "engine_unavailable"
 
@@ -103,6 +109,13 @@ class EngineDied(EngineUnavailable):
 
 class EventLogUnavailable(ServiceUnavailable):
     code = "event_log_unavailable"
+
+
+class StartInterrupted(ServiceUnavailable):
+    """A stream whose process died before it saved what a takeover needs (during retrieval):
+    it cannot be continued, and asking again is the remedy."""
+
+    code = "start_interrupted"
 
 
 class VectorStoreUnavailable(ServiceUnavailable):

@@ -13,6 +13,7 @@ from rag_stream.ingest.service import Ingestor
 from rag_stream.resources import Resources
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.settings import Settings
+from rag_stream.store.db import unavailable
 from rag_stream.store.keys import KeyOwner
 from rag_stream.streaming.service import Streams
 
@@ -43,8 +44,17 @@ def get_retriever(resources: ResourcesDep) -> Retriever:
 
 async def get_session(resources: ResourcesDep) -> AsyncIterator[AsyncSession]:
     """A session for a route that only reads; streams and services open their own."""
-    async with resources.sessions() as session:
+    session = resources.sessions()
+    try:
         yield session
+    finally:
+        try:
+            await session.close()
+        except Exception as exc:
+            # closing rolls back; on a connection the database dropped meanwhile (a restart)
+            # that raised after the response, as "Exception in ASGI application"
+            if unavailable(exc) is None:
+                raise
 
 
 _bearer = HTTPBearer(auto_error=False, description="an API key from `rag-stream keys create`")

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rag_stream.api.error_body import error_response
 from rag_stream.errors import RagStreamError, TooManyRequests, Unauthorized
 from rag_stream.schemas.openai import OPENAI_PATHS, UnsupportedParameter
+from rag_stream.store.db import unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -63,5 +64,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        if (db := unavailable(exc)) is not None:
+            logger.warning("request failed: %s", exc)
+            return error_response(db.status_code, db.code, db.message)
         logger.exception("unhandled error", exc_info=exc)
         return error_response(500, "internal_error", "internal error; see the server log")

@@ -39,6 +39,7 @@ from rag_stream.schemas.generate import Coalesce
 from rag_stream.schemas.kbs import SearchMode
 from rag_stream.settings import AnswersSettings, LimitsSettings
 from rag_stream.store.conversations import get_conversation, save_answer
+from rag_stream.store.db import retrying
 from rag_stream.store.models import new_id
 from rag_stream.store.repositories import resolve_kb
 from rag_stream.streaming.context import StreamContext
@@ -189,17 +190,21 @@ class AnswerRun:
             cited=cited_markers(text, len(plan.citations)),
             dropped_sources=plan.dropped_sources,
         )
-        await save_answer(
-            self.kind.sessions,
-            tenant=ctx.tenant,
-            stream_id=ctx.stream_id,
-            model=self.model,
-            kb_id=plan.kb_id,
-            conversation_id=plan.conversation_id,
-            question=plan.question,
-            answer=text,
-            citations=plan.citations,
-            done=done,
+        # (a database that restarts under the stream is waited for: the answer is whole, and
+        # its end waits for the conversation to be saved; saving twice is a no-op)
+        await retrying(
+            lambda: save_answer(
+                self.kind.sessions,
+                tenant=ctx.tenant,
+                stream_id=ctx.stream_id,
+                model=self.model,
+                kb_id=plan.kb_id,
+                conversation_id=plan.conversation_id,
+                question=plan.question,
+                answer=text,
+                citations=plan.citations,
+                done=done,
+            )
         )
         self.kind.metrics.observe_done(self.kind.name, done)
         self.kind.metrics.retrieval.observe(plan.retrieval_ms / 1000)

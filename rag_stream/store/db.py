@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -16,9 +20,11 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from rag_stream.errors import DatabaseUnavailable
 from rag_stream.settings import PROJECT_ROOT
 
 MIGRATIONS_DIR = PROJECT_ROOT / "migrations"
+T = TypeVar("T")
 
 
 def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
@@ -27,6 +33,31 @@ def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=5000")
     cur.close()
+
+
+def unavailable(exc: BaseException) -> DatabaseUnavailable | None:
+    """The 503 for an error that says the database cannot be reached now (restarting, a
+    connection it closed, refused), or None for any other error. Seen restarting PostgreSQL
+    under running streams: such errors came out as 500 internal_error."""
+    lost = isinstance(exc, OperationalError | InterfaceError) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )
+    if lost or isinstance(exc, ConnectionError):  # (asyncpg's connect: refused, reset)
+        return DatabaseUnavailable(f"database unavailable: {type(exc).__name__}")
+    return None
+
+
+async def retrying(call: Callable[[], Awaitable[T]], attempts: int = 5) -> T:
+    """``call()``, again while the database cannot be reached (a restart takes seconds): 0.5,
+    1, 2 and 4 s apart. For writes that are safe to repeat."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except Exception as exc:
+            if unavailable(exc) is None or attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 def create_db(url: str) -> tuple[AsyncEngine, async_sessionmaker[AsyncSession]]:

@@ -24,6 +24,7 @@ from rag_stream.errors import EngineDied, EventLogUnavailable, RagStreamError
 from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason, StreamStarted
 from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.settings import StreamingSettings
+from rag_stream.store.db import unavailable
 from rag_stream.streaming.admission import Ticket
 from rag_stream.streaming.context import Stopped, StreamContext
 from rag_stream.streaming.event_log import EventLog, FinishResult, NewStream
@@ -263,5 +264,8 @@ def error_event(event_id: int, exc: BaseException) -> ErrorEvent:
     if isinstance(exc, RedisError):
         err = EventLogUnavailable(f"event log unavailable: {exc}")
         return ErrorEvent(id=event_id, code=err.code, message=err.message)
+    if (db := unavailable(exc)) is not None:
+        logger.warning("stream failed: %s", exc)
+        return ErrorEvent(id=event_id, code=db.code, message=db.message)
     logger.exception("stream failed", exc_info=exc)
     return ErrorEvent(id=event_id, code="internal_error", message="generation failed unexpectedly")

@@ -17,7 +17,7 @@ import logging
 
 from redis.exceptions import RedisError
 
-from rag_stream.errors import RagStreamError
+from rag_stream.errors import StartInterrupted
 from rag_stream.schemas.events import Done, Event, is_terminal
 from rag_stream.streaming.event_log import EventLog, StreamMeta
 from rag_stream.streaming.kinds import KindRegistry, Producer, StreamKind
@@ -111,5 +111,7 @@ class Takeover:
 
 def _continuation(kind: StreamKind, meta: StreamMeta, events: list[Event]) -> Producer:
     if meta.plan is None:
-        raise RagStreamError("the stream's process died before generation started; retry")
+        raise StartInterrupted(
+            "the stream's process died before generation started (during retrieval); ask again"
+        )
     return kind.continuation(meta.plan, events)
