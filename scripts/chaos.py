@@ -47,7 +47,6 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.chaos_parts import (  # noqa: E402
     Api,
-    OwnRedis,
     background,
     probe_recovery,
     run_cli,
@@ -61,6 +60,7 @@ from scripts.chaos_streams import (  # noqa: E402
     verdict,
 )
 from tests.support.own_pg import OwnPostgres  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 MODELS = ROOT / ".data" / "models"
 KB = "chaos"
@@ -93,7 +93,7 @@ class Campaign:
         self.folder = folder
         self.rng = random.Random(seed)
         self.counter = 0
-        self.redis = OwnRedis(folder / "redis")
+        self.redis = RedisServer(folder / "redis")
         self.pg = OwnPostgres(folder / "pg")
         self.apis: list[Api] = []
         self.results: dict[str, Any] = {}

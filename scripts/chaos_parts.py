@@ -1,11 +1,10 @@
-"""The processes ``scripts/chaos.py`` breaks: a private redis-server, a private PostgreSQL
-cluster, and rag-stream API servers (SmolLM2 float32 in-process), plus a prober that records
+"""What ``scripts/chaos.py`` runs and breaks, beside the private redis-server and PostgreSQL of
+tests/support: rag-stream API servers (SmolLM2 float32 in-process), and a prober that records
 what ``/readyz`` said and when new requests succeeded again after a fault."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -14,43 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import redis
 
-from tests.support.server import ROOT, ServerProcess, child_pid, free_port
-
-
-class OwnRedis:
-    """redis-server on a port of its own; ``persist`` = append-only file, fsync every write."""
-
-    def __init__(self, folder: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.folder = folder
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, *, persist: bool) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if persist else []
-        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        command += ["--dir", str(self.folder), "--save", "", *persistence]
-        command += ["--appendonly", "yes" if persist else "no"]
-        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                redis.Redis(port=self.port).ping()
-                return
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-    def wipe(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+from tests.support.server import ROOT, ServerProcess, child_pid
 
 
 @dataclass

@@ -11,7 +11,7 @@ from sse_starlette import EventSourceResponse
 from rag_stream.api.deps import ResourcesDep, SessionDep, SettingsDep, StreamsDep, TenantDep
 from rag_stream.api.streams import _cursor
 from rag_stream.errors import NotFound
-from rag_stream.pipeline.job_control import cancel_job, current_job, remove_job
+from rag_stream.pipeline.job_control import cancel_job, current_job, reconcile, remove_job
 from rag_stream.pipeline.job_result import job_out, job_result, markdown
 from rag_stream.schemas.jobs import JobList, JobOut, JobRequest, JobResult
 from rag_stream.schemas.streams import EVENT_ID_MAX, SSE_RESPONSES
@@ -34,11 +34,13 @@ async def create(body: JobRequest, resources: ResourcesDep, tenant: TenantDep) -
 @router.get("")
 async def list_(
     session: SessionDep,
+    resources: ResourcesDep,
     tenant: TenantDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     before: Annotated[str | None, Query(description="a job id from the previous page")] = None,
 ) -> JobList:
     jobs, next_before = await list_jobs(session, tenant=tenant, limit=limit, before=before)
+    jobs = await reconcile(resources.sessions, resources.streams, jobs)
     return JobList(data=[job_out(j) for j in jobs], limit=limit, next_before=next_before)
 
 

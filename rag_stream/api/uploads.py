@@ -93,6 +93,8 @@ def metadata_field(raw: str | None) -> dict[str, Any]:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"metadata: not valid JSON: {exc.msg}") from None
+    except RecursionError:  # what json raises for arrays or objects nested ~1,000 deep
+        raise InvalidRequest("metadata: JSON nested too deeply") from None
     if not isinstance(value, dict):
         raise InvalidRequest("metadata: must be a JSON object")
     return value

@@ -15,10 +15,20 @@ from rag_stream.store.streams import usage_by_kind
 router = APIRouter(tags=["usage"])
 
 _DEFAULT_PERIOD = timedelta(days=30)
+_FIRST = datetime.min.replace(tzinfo=UTC)
 
 
-def _utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+def _utc(moment: datetime, param: str) -> datetime:
+    """In UTC; a moment at the ends of the calendar may have no UTC time (0001-01-01 at +01:00
+    is in year 0): a 422, not an OverflowError."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise InvalidRequest(
+            f"{param} is outside the years 1 to 9999 in UTC", param=param
+        ) from None
 
 
 @router.get("/v1/usage")
@@ -35,8 +45,9 @@ async def usage(
 ) -> UsageOut:
     """Streams of the caller's tenant that ended in [from, to): requests and tokens, in total
     and per kind of stream (``answer``, ``generate``)."""
-    end = _utc(to) if to else datetime.now(UTC)
-    start = _utc(from_) if from_ else end - _DEFAULT_PERIOD
+    end = _utc(to, "to") if to else datetime.now(UTC)
+    # (the default period stops at the first day of year 1)
+    start = _utc(from_, "from") if from_ else max(end, _FIRST + _DEFAULT_PERIOD) - _DEFAULT_PERIOD
     if start > end:
         raise InvalidRequest("from must not be after to", param="from")
     by_kind = await usage_by_kind(session, tenant, start, end)

@@ -135,11 +135,15 @@ class RemoteEngine:
             else list(prompt)
         )
         key = self.affinity(ids, sampling)
-        async for step in self._failing_over(request_id, ids, key, sampling):
-            yield step
-        if request_id in self._aborted:
+        try:
+            async for step in self._failing_over(request_id, ids, key, sampling):
+                yield step
+            if request_id in self._aborted:
+                yield EngineStep([], len(ids), 0, "cancelled")
+        finally:
+            # also when the caller stops reading first (a stop string found, a cancel): the
+            # request's id would otherwise stay in the set for the life of the process
             self._aborted.discard(request_id)
-            yield EngineStep([], len(ids), 0, "cancelled")
 
     async def _failing_over(
         self, request_id: str, ids: list[int], key: str, sampling: Sampling

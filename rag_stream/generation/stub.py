@@ -43,14 +43,17 @@ class StubEngine:
         n_prompt = len(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
         # the token at absolute position p is always the same, so a continuation from
         # prompt + generated ids (crash takeover) picks up exactly where the first run stopped
-        for i in range(sampling.max_tokens):
-            if request_id in self._aborted:
-                yield EngineStep([], n_prompt, 0, "cancelled")
-                return
-            await asyncio.sleep(self._delay)
-            token = self._ids[(n_prompt + i) % len(self._ids)]
-            last = i == sampling.max_tokens - 1
-            yield EngineStep([token], n_prompt, 0, "length" if last else None)
+        try:
+            for i in range(sampling.max_tokens):
+                if request_id in self._aborted:
+                    yield EngineStep([], n_prompt, 0, "cancelled")
+                    return
+                await asyncio.sleep(self._delay)
+                token = self._ids[(n_prompt + i) % len(self._ids)]
+                last = i == sampling.max_tokens - 1
+                yield EngineStep([token], n_prompt, 0, "length" if last else None)
+        finally:
+            self._aborted.discard(request_id)  # (soaks run on this engine: keep nothing)
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)

@@ -12,6 +12,14 @@ Rules, in order:
   boundary, inside the last half of the window;
 - each chunk after the first of a section repeats the last ``overlap`` tokens of the one
   before it (never across a heading), starting at a word boundary.
+
+A token can span a word of any length (WordPiece reads a word of over 100 characters as one
+``[UNK]``), so a hostile upload of one word of megabytes would be one chunk of megabytes, sent
+whole in every search result and citation and tokenized whole for every prompt. Such a token
+counts as one per ``MAX_TOKEN_CHARS`` characters and may be cut between them: a chunk holds at
+most ``max_tokens * MAX_TOKEN_CHARS`` characters. (A chunk that starts or ends inside such a
+word may then read as more tokens than it counts; the embedder truncates what is over its
+window, and it could not read the word anyway.)
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from rag_stream.ingest.parsing import Block, ParsedText
 
 Offsets = Sequence[tuple[int, int]]
 _SENTENCE_END = (".", "!", "?", ";", ":")
+MAX_TOKEN_CHARS = 100
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,11 @@ def chunk_text(
         raise ValueError("max_tokens must be at least 8")
     overlap = max(0, min(overlap, max_tokens // 2))
     text = parsed.text
-    offsets = [(s, e) for s, e in token_offsets(text) if e > s]
+    offsets = [
+        (a, min(a + MAX_TOKEN_CHARS, e))
+        for s, e in token_offsets(text)
+        for a in range(s, e, MAX_TOKEN_CHARS)
+    ]
     if not offsets:
         return []
     blocks = parsed.blocks or [Block(0, len(text))]

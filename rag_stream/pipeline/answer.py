@@ -34,7 +34,14 @@ from rag_stream.pipeline.sources import Retrieved, retrieve_while_prefilling
 from rag_stream.pipeline.tokens import TokenOutput, token_phase
 from rag_stream.retrieval.retriever import Retriever, SearchHit
 from rag_stream.schemas.answers import AnswerRequest
-from rag_stream.schemas.events import Citation, CitationBody, Done, Event, FinishReason
+from rag_stream.schemas.events import (
+    Citation,
+    CitationBody,
+    Done,
+    ErrorEvent,
+    Event,
+    FinishReason,
+)
 from rag_stream.schemas.generate import Coalesce
 from rag_stream.schemas.kbs import SearchMode
 from rag_stream.settings import AnswersSettings, LimitsSettings
@@ -172,6 +179,9 @@ class AnswerRun:
             dropped_sources=found.dropped,
             retrieval_ms=found.retrieval_ms,
         )
+
+    async def log_lost(self, error: ErrorEvent) -> None:
+        return None  # as after any error: the question stays in its conversation, unanswered
 
     async def finish(self, ctx: StreamContext, reason: FinishReason, event_id: int) -> Done:
         run = self.out.run

@@ -18,7 +18,7 @@ from rag_stream.generation.slot import EngineSlot
 from rag_stream.metrics import Metrics
 from rag_stream.pipeline.plan import TokenPlan
 from rag_stream.pipeline.tokens import TokenOutput, token_phase
-from rag_stream.schemas.events import Done, Event, FinishReason
+from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason
 from rag_stream.schemas.generate import Coalesce, GenerateRequest
 from rag_stream.settings import LimitsSettings
 from rag_stream.store.streams import record_stream
@@ -50,6 +50,9 @@ class GenerateRun:
             self.plan = self.plan.model_copy(update={"queue_ms": ctx.queue_ms})
             await ctx.save_plan(self.plan)
         return await token_phase(ctx, engine, self.plan, self.out)
+
+    async def log_lost(self, error: ErrorEvent) -> None:
+        return None  # nothing kept outside the log (usage is recorded by finish only)
 
     async def finish(self, ctx: StreamContext, reason: FinishReason, event_id: int) -> Done:
         run = self.out.run

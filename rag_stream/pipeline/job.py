@@ -42,6 +42,7 @@ from rag_stream.pipeline.tokens import TokenRun
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.schemas.events import (
     Done,
+    ErrorEvent,
     Event,
     FinishReason,
     JobStarted,
@@ -211,6 +212,11 @@ class JobRun:
         ctx.check()
         self.runs.append(await job_section.write(ctx, engine, plan, state))
         await save_sections(kind.sessions, self.plan.job_id, [_finished(state.sections[index])])
+
+    async def log_lost(self, error: ErrorEvent) -> None:
+        """The job's row would otherwise say ``running`` for good; its finished sections stay
+        in SQL (the result shows them)."""
+        await self._failed(error.code, error.message)
 
     def _timings(self, ctx: StreamContext) -> Timings:
         firsts = [r.first_token_at for r in self.runs if r.first_token_at is not None]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -12,31 +14,60 @@ from rag_stream.store.jobs import delete_job, finish_job, get_job
 from rag_stream.store.models import Job
 from rag_stream.streaming.service import Streams
 
+_VANISHED = (
+    "log_lost",
+    "the job's event log is gone (its Redis restarted without it), so nothing can continue "
+    "it; the sections finished before are kept in its result",
+)
+
 
 async def current_job(
     sessions: async_sessionmaker[AsyncSession], streams: Streams, job_id: str, tenant: str
 ) -> Job:
-    """The tenant's job, with the end of its stream when SQL missed it: a stream that ended
-    with an ``error`` its producer could not record (a takeover that found no plan, or one
-    written by another version) makes the job ``failed`` with that error."""
+    """The tenant's job, with the end of its stream when SQL missed it (see ``reconcile``)."""
     async with sessions() as session:
         job = await get_job(session, job_id, tenant=tenant)
-    if job.status in FINISHED or job.stream_id is None:
-        return job
-    try:
-        meta = await streams.event_log.meta(job.stream_id)
-        if meta is None or meta.status != "error":
-            return job
-        last = await streams.event_log.read(job.stream_id, meta.last_event_id - 1, None)
-    except RedisError:
-        return job  # the status SQL has is the best there is
+    return (await reconcile(sessions, streams, [job]))[0]
+
+
+async def reconcile(
+    sessions: async_sessionmaker[AsyncSession], streams: Streams, jobs: Sequence[Job]
+) -> list[Job]:
+    """``jobs`` as they stand, once each unfinished one is checked against its stream:
+    - a stream that ended with an ``error`` its producer could not record (a takeover that
+      found no plan, or one written by another version) makes the job ``failed`` with it;
+    - a stream that is gone altogether (Redis restarted empty while no process ran the job,
+      or its meta expired with nobody left to continue it) makes it ``failed`` with
+      ``log_lost``: it would otherwise read ``running`` for good.
+    A job's stream exists before its id is written to the job, so a job with an id and no
+    stream is never one that is starting."""
+    out = list(jobs)
+    for i, job in enumerate(out):
+        if job.status in FINISHED or job.stream_id is None:
+            continue
+        try:
+            error = await _stream_error(streams, job.stream_id)
+        except RedisError:
+            continue  # the status SQL has is the best there is
+        if error is None:
+            continue
+        await finish_job(sessions, job.id, "failed", error)
+        async with sessions() as session:
+            out[i] = await get_job(session, job.id, tenant=job.tenant)
+    return out
+
+
+async def _stream_error(streams: Streams, stream_id: str) -> tuple[str, str] | None:
+    meta = await streams.event_log.meta(stream_id)
+    if meta is None:
+        return _VANISHED
+    if meta.status != "error":
+        return None
+    last = await streams.event_log.read(stream_id, meta.last_event_id - 1, None)
     end = last[-1] if last else None
     if isinstance(end, ErrorEvent):
-        await finish_job(sessions, job_id, "failed", (end.code, end.message))
-    else:
-        await finish_job(sessions, job_id, "failed", ("stream_error", "the job's stream failed"))
-    async with sessions() as session:
-        return await get_job(session, job_id, tenant=tenant)
+        return end.code, end.message
+    return "stream_error", "the job's stream failed"
 
 
 async def cancel_job(

@@ -38,9 +38,13 @@ class SentenceTransformerEmbedder:
         self.dimension = int(model.get_sentence_embedding_dimension())
         self.max_seq_length = int(model.max_seq_length)
         self._tokenizer = model.tokenizer
-        # A Hugging Face fast tokenizer is not safe to use from two threads at once (concurrent
-        # uploads failed with "Unable to create tensor"): one encode at a time.
-        self._encoding = threading.Lock()
+        # A Hugging Face fast tokenizer is not safe to use from two threads at once: each call
+        # sets the shared Rust tokenizer's padding and truncation, so another thread's call can
+        # undo them under an encode, whose batch then cannot become a tensor ("Unable to create
+        # tensor": a 500 on uploads that ran at once). Every use of it takes this lock: encodes,
+        # and the token counts and offsets that chunking asks for (another upload's, in another
+        # thread).
+        self._tokenizing = threading.Lock()
 
     @classmethod
     async def load(cls, name_or_path: str, batch_size: int = 64) -> SentenceTransformerEmbedder:
@@ -54,7 +58,7 @@ class SentenceTransformerEmbedder:
         return cls(model, batch_size)
 
     def encode_sync(self, texts: Sequence[str]) -> Vectors:
-        with self._encoding:
+        with self._tokenizing:
             vectors = self._model.encode(
                 list(texts),
                 batch_size=self._batch_size,
@@ -70,8 +74,10 @@ class SentenceTransformerEmbedder:
         return await anyio.to_thread.run_sync(self.encode_sync, texts)
 
     def count_tokens(self, text: str) -> int:
-        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        with self._tokenizing:
+            return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]:
-        enc = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        with self._tokenizing:
+            enc = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return [(int(a), int(b)) for a, b in enc["offset_mapping"]]

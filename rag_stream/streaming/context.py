@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
+from redis.exceptions import RedisError
 
 from rag_stream.schemas.events import Event
 from rag_stream.streaming.event_log import EventLog
 from rag_stream.streaming.writer import StopReason, StreamWriter
+
+logger = logging.getLogger(__name__)
 
 
 class Stopped(Exception):
@@ -51,5 +56,24 @@ class StreamContext:
         self.writer.on_stop(callback)
 
     async def save_plan(self, plan: BaseModel) -> None:
-        """Store what a takeover in another process needs to continue this stream."""
-        await self.event_log.set_plan(self.stream_id, plan.model_dump_json())
+        """Store what a takeover in another process needs to continue this stream. Retried
+        while Redis blips, as appends are (a restart takes a second or two). If Redis stays
+        away, raise Stopped: the stream is left as a failed append leaves it, to be continued
+        from its log (and its last saved plan) once Redis is back, not ended with an error."""
+        data = plan.model_dump_json()
+        retries = self.writer.redis_retries
+        for attempt in range(retries + 1):
+            try:
+                await self.event_log.set_plan(self.stream_id, data)
+                return
+            except RedisError as exc:
+                logger.warning(
+                    "stream %s: saving its plan failed (%s), attempt %d",
+                    self.stream_id,
+                    exc,
+                    attempt,
+                )
+                if attempt < retries:
+                    await asyncio.sleep(0.2 * (attempt + 1))
+        self.writer.log_unavailable()
+        raise Stopped("log_unavailable")

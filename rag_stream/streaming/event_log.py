@@ -185,12 +185,19 @@ class EventLog(Protocol):
 
     async def running(self) -> list[str]: ...
 
+    async def forget(self, stream_id: str) -> None:
+        """Drop ``stream_id`` from ``running``: its meta is gone (expired while it was listed,
+        say, when no live process could continue it), so nothing can ever end it."""
+        ...
+
     async def announce(self, owner: str) -> None:
         """Make this process's presence known (see ``owner_alive``); called periodically."""
         ...
 
-    async def retire(self, owner: str) -> None:
-        """This process stops producing: it no longer counts as present."""
+    async def retire(self, owner: str, linger_ms: int) -> None:
+        """This process stops producing: it no longer counts as present. What said it was
+        present goes ``linger_ms`` later: once the leases it held have lapsed, peers take its
+        streams over without it, and it would otherwise stay behind (a key per process start)."""
         ...
 
     async def owner_alive(self, owner: str) -> bool:

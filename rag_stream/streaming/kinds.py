@@ -9,6 +9,7 @@ name only travels through the log so that a takeover finds the same kind again.
   the events already in the log.
 - ``run`` writes events through the context and returns the finish reason; ``finish`` then
   persists the result and builds the terminal ``done`` event (also after a cancel).
+  ``log_lost`` is called instead when the stream ends because its log lost events.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from rag_stream.errors import IncompatiblePlan
-from rag_stream.schemas.events import Done, Event, FinishReason
+from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason
 from rag_stream.streaming.context import StreamContext
 from rag_stream.streaming.event_log import StreamMeta
 
@@ -39,6 +40,11 @@ class Producer(Protocol):
     async def run(self, ctx: StreamContext) -> FinishReason: ...
 
     async def finish(self, ctx: StreamContext, reason: FinishReason, event_id: int) -> Done: ...
+
+    async def log_lost(self, error: ErrorEvent) -> None:
+        """The stream ended with ``error`` instead of ``finish``: its log lost events this run
+        wrote (Redis restarted empty). Record that end where the kind keeps its state."""
+        ...
 
 
 class StreamKind(Protocol):

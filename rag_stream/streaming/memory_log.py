@@ -167,10 +167,13 @@ class MemoryEventLog:
     async def running(self) -> list[str]:
         return [sid for sid, s in self._streams.items() if s.meta.get("status") == "running"]
 
+    async def forget(self, stream_id: str) -> None:
+        return None  # ``running`` lists only streams that exist here
+
     async def announce(self, owner: str) -> None:
         self._retired.discard(owner)
 
-    async def retire(self, owner: str) -> None:
+    async def retire(self, owner: str, linger_ms: int) -> None:
         self._retired.add(owner)
 
     async def owner_alive(self, owner: str) -> bool:

@@ -150,6 +150,7 @@ class Producers:
         feeds = self.feeds
         run_id = f"{sid}:{uuid.uuid4().hex[:8]}"
         status = "done"
+        producer: Producer | None = None
         try:
             producer = make()
             ctx = StreamContext(
@@ -164,7 +165,7 @@ class Producers:
             finally:
                 await writer.close()
             if writer.stop_reason in GONE:
-                await self._gone(sid, new, writer)
+                await self._gone(sid, new, writer, producer)
                 return
             if writer.stop_reason is not None:
                 reason = "cancelled"
@@ -181,14 +182,14 @@ class Producers:
             return
         except Exception as exc:
             if writer.stop_reason in GONE:
-                await self._gone(sid, new, writer)
+                await self._gone(sid, new, writer, producer)
                 return
             status = "error"
             terminal = error_event(writer.next_id, exc)
         events = [*writer.take_buffer(), terminal]
         outcome = await self.finish(sid, events, status, terminal, after=writer.logged_id)
         if outcome == "log_lost":
-            await self._mark_lost(sid, new, terminal.id)
+            await self._mark_lost(sid, new, terminal.id, producer)
         elif outcome != "done":
             feeds.stop_producing(sid)
 
@@ -199,13 +200,17 @@ class Producers:
         with contextlib.suppress(Exception):
             await writer.run_stop_callbacks()
 
-    async def _gone(self, sid: str, new: NewStream, writer: StreamWriter) -> None:
+    async def _gone(
+        self, sid: str, new: NewStream, writer: StreamWriter, producer: Producer | None
+    ) -> None:
         if writer.stop_reason == "log_lost":
-            await self._mark_lost(sid, new, writer.next_id)
+            await self._mark_lost(sid, new, writer.next_id, producer)
         else:  # another process owns the stream now, or Redis is gone: readers look there
             self.feeds.stop_producing(sid)
 
-    async def _mark_lost(self, sid: str, new: NewStream, event_id: int) -> None:
+    async def _mark_lost(
+        self, sid: str, new: NewStream, event_id: int, producer: Producer | None
+    ) -> None:
         """The log lost events this process wrote (Redis restarted empty, say): end the stream
         with an error that says so, rather than extend a log with a hole."""
         logger.error("stream %s: its log lost events; ending it with an error", sid)
@@ -220,6 +225,11 @@ class Producers:
         except RedisError as exc:
             logger.warning("stream %s: could not record the lost log: %s", sid, exc)
         self.feeds.publish(sid, [lost])
+        if producer is not None:
+            try:
+                await producer.log_lost(lost)  # a job's row: failed, not running for good
+            except Exception:
+                logger.exception("stream %s: recording the lost log failed", sid)
 
     async def finish(
         self, sid: str, events: list[Event], status: str, terminal: Event, after: int
@@ -248,7 +258,8 @@ class Producers:
     async def close(self) -> None:
         """Cancel every producer of this process (their streams are taken over elsewhere)."""
         with contextlib.suppress(Exception):
-            await self.event_log.retire(self.owner)  # peers may take over at once
+            # peers may take over at once; our presence record outlives our leases, no more
+            await self.event_log.retire(self.owner, linger_ms=2 * self.cfg.lease_ms)
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()

@@ -8,7 +8,8 @@ Keys, under a prefix (``rs`` by default), for stream ``S``:
 - ``{p}:s:S:meta``   hash: status, model, kind, created, plan (JSON), cancel flag, reader heartbeat.
 - ``{p}:s:S:lease``  the owning process's name, with a short expiry renewed while it generates.
 - ``{p}:active``     sorted set of running stream ids (the sweeper's work list).
-- ``{p}:proc:O``     the Redis client id of process ``O``'s presence connection (see below).
+- ``{p}:proc:O``     the Redis client id of process ``O``'s presence connection (see below);
+  republished by every sweep with a day's expiry, cut to twice the lease when ``O`` stops.
 
 Appends are one Lua script call for the batches of many streams (a process flushes all its
 streams together, see ``flusher.py``), which checks for each stream: that the writer still holds
@@ -133,6 +134,16 @@ redis.call('EXPIRE', KEYS[4], ARGV[2])
 return 1
 """
 
+# KEYS: meta hashes. ARGV: field, value. Sets the field only in the hashes that exist: a
+# reader's heartbeat, a cancel or a plan must not bring back a stream whose meta expired (or
+# was lost with a Redis restarted empty), as a hash that would never expire.
+_TOUCH = """
+for i = 1, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('HSET', KEYS[i], ARGV[1], ARGV[2]) end
+end
+return 0
+"""
+
 # KEYS: lease, meta. ARGV: owner, lease_ms, stale owner ('' for none). Take the lease of a
 # running stream if nobody holds it, or if its holder is the given (dead) process.
 _ACQUIRE = """
@@ -176,6 +187,7 @@ class RedisEventLog:
         self._finish = redis.register_script(_FINISH)
         self._mark_lost = redis.register_script(_MARK_LOST)
         self._acquire = redis.register_script(_ACQUIRE)
+        self._touch = redis.register_script(_TOUCH)
         self._presence: Redis | None = None
 
     def _keys(self, sid: str) -> tuple[str, str, str]:
@@ -236,9 +248,8 @@ class RedisEventLog:
     ) -> dict[str, list[Event]]:
         by_key = {self._keys(sid)[0]: sid for sid in cursors}
         async with self._r.pipeline(transaction=False) as pipe:
-            seen = str(now_ms())
-            for sid in cursors:
-                pipe.hset(self._keys(sid)[1], "seen", seen)
+            metas = [self._keys(sid)[1] for sid in cursors]
+            await self._touch(keys=metas, args=["seen", str(now_ms())], client=pipe)
             pipe.xread(
                 {self._keys(sid)[0]: entry_id(after) for sid, after in cursors.items()},
                 count=1000,
@@ -269,7 +280,8 @@ class RedisEventLog:
         )
 
     async def set_plan(self, stream_id: str, plan_json: str) -> None:
-        await self._r.hset(self._keys(stream_id)[1], "plan", plan_json)
+        # (into a meta that exists: Redis restarted empty, the next append finds the log lost)
+        await self._touch(keys=[self._keys(stream_id)[1]], args=["plan", plan_json])
 
     async def finish(
         self,
@@ -304,11 +316,14 @@ class RedisEventLog:
         return bool(await self._acquire(keys=[lease, meta_key], args=args))
 
     async def request_cancel(self, stream_id: str) -> None:
-        await self._r.hset(self._keys(stream_id)[1], "cancel", "1")
+        await self._touch(keys=[self._keys(stream_id)[1]], args=["cancel", "1"])
 
     async def running(self) -> list[str]:
         members = await self._r.zrange(self._active, 0, -1)
         return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
+
+    async def forget(self, stream_id: str) -> None:
+        await self._r.zrem(self._active, stream_id)
 
     # -- presence -------------------------------------------------------------------------
 
@@ -326,10 +341,11 @@ class RedisEventLog:
         client_id = await self._presence.client_id()
         await self._r.set(f"{self._p}:proc:{owner}", client_id, ex=86_400)
 
-    async def retire(self, owner: str) -> None:
+    async def retire(self, owner: str, linger_ms: int) -> None:
         if self._presence is not None:
             await self._presence.aclose(close_connection_pool=True)
             self._presence = None
+        await self._r.pexpire(f"{self._p}:proc:{owner}", linger_ms)
 
     async def owner_alive(self, owner: str) -> bool:
         """False only when the process is known to be gone (its presence connection closed)."""

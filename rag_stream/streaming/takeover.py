@@ -47,7 +47,12 @@ class Takeover:
         if producers.owns(sid):
             return True
         meta = await self._log.meta(sid)
-        if meta is None or meta.status != "running" or not await self.producer_gone(meta):
+        if meta is None:
+            # listed as running with no meta (it expired): every sweeper would look it up
+            # every few seconds for ever, and the list would never empty
+            await self._log.forget(sid)
+            return False
+        if meta.status != "running" or not await self.producer_gone(meta):
             return False
         kind = self._kinds.get(meta.kind)
         if kind is None or not await kind.can_continue(meta):

@@ -123,6 +123,15 @@ class StreamWriter:
             except Exception:
                 logger.exception("stream %s: a stop callback failed", self._sid)
 
+    @property
+    def redis_retries(self) -> int:
+        return self._cfg.redis_retries
+
+    def log_unavailable(self) -> None:
+        """A write of the producer's own (its plan) found Redis away after its retries: stop
+        as a failed append does; the stream is continued from its log once Redis is back."""
+        self._stop("log_unavailable")
+
     def _stop(self, reason: StopReason) -> None:
         if self.stop_reason is None:
             self.stop_reason = reason

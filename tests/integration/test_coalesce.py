@@ -56,7 +56,9 @@ def test_coalesced_stream_has_the_same_tokens_in_fewer_events(tiny_server: Serve
 
 
 def test_resume_in_the_middle_of_a_coalesced_stream(tiny_server: ServerProcess) -> None:
-    body = {"prompt": PROMPT, "max_tokens": 400, "coalesce": {"tokens": 3, "ms": 1000}}
+    # long enough (8 s here) that the stream is still running when the status is read, even on a
+    # faster machine: 400 tokens once ended first on CI
+    body = {"prompt": PROMPT, "max_tokens": 1200, "coalesce": {"tokens": 3, "ms": 1000}}
     first = _stream(tiny_server, body, stop_after=4)  # stream + 3 coalesced token events
     sid = first[0].data["stream_id"]
     status = httpx.get(f"{tiny_server.url}/v1/streams/{sid}", timeout=30).json()

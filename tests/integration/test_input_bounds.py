@@ -267,3 +267,50 @@ def test_form_fields_follow_the_json_fields_limits(
     message = _error(r, 422)
     assert message.startswith(needle), message
     assert "characters" in message
+
+
+# Moments at the ends of the calendar (GET /v1/usage)
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ({"to": "0001-01-01T00:00:00+01:00"}, "to"),  # 31 December of year 0 in UTC
+        ({"from": "9999-12-31T23:59:59-01:00"}, "from"),  # year 10000 in UTC
+    ],
+)
+def test_a_usage_period_with_no_utc_time_is_a_422_naming_it(
+    any_db_server: ServerProcess, query: dict[str, str], param: str
+) -> None:
+    r = httpx.get(any_db_server.url + "/v1/usage", params=query, timeout=60)
+    assert _error(r, 422) == f"{param} is outside the years 1 to 9999 in UTC"
+    assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("query", "period"),
+    [
+        # the default 30 days before `to` stop at the first moment of year 1
+        ({"to": "0001-01-05T00:00:00Z"}, ("0001-01-01T00:00:00Z", "0001-01-05T00:00:00Z")),
+        (
+            {"from": "0001-01-01T00:00:00Z", "to": "9999-12-31T23:59:59.999999Z"},
+            ("0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z"),
+        ),
+        (
+            {"from": "9999-12-31T22:59:59-01:00", "to": "9999-12-31T23:59:59Z"},
+            ("9999-12-31T23:59:59Z", "9999-12-31T23:59:59Z"),
+        ),
+    ],
+)
+def test_usage_periods_at_the_ends_of_the_calendar_are_answered(
+    any_db_server: ServerProcess, query: dict[str, str], period: tuple[str, str]
+) -> None:
+    with httpx.Client(base_url=any_db_server.url, timeout=60) as client:
+        # a stream to count, or not: all of them ended within the widest period
+        client.post("/v1/generate", json={"prompt": "hi", "max_tokens": 4, "stream": False})
+        r = client.get("/v1/usage", params=query)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["from"], body["to"]) == period
+        widest = query.get("to", "").startswith("9999") and query.get("from", "").startswith("0001")
+        assert (body["total"]["requests"] > 0) == widest

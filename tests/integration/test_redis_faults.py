@@ -4,7 +4,6 @@ on the paced stub engine, where timing is the point)."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,44 +11,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from rag_stream.streaming.redis_log import RedisEventLog
 from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
 from tests.support.fakes import stub_engine, toy_streams
-from tests.support.server import ServerProcess, free_port
+from tests.support.redis_server import RedisServer
+from tests.support.server import ServerProcess
 from tests.support.sse import Frame, read_stream
 from tests.unit.test_streams import check_one_stream
-
-
-class RedisServer:
-    """A private redis-server without persistence that a test can kill and restart."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._dir = directory
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        command += ["--save", "", "--appendonly", "no", "--dir", str(self._dir)]
-        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture
@@ -172,7 +142,8 @@ async def test_a_producer_replaced_while_alive_never_writes_again() -> None:
         if seen == 20:
             break
     assert first.producers.owns(sid)
-    await log.retire(first.producers.owner)  # its presence vanishes; the process lives on
+    # its presence vanishes; the process lives on
+    await log.retire(first.producers.owner, linger_ms=60_000)
     assert await second.takeover.take_over(sid)
     events = [e async for e in second.follow(sid)]
     ids = check_one_stream(events, 600)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from rag_stream.schemas.events import Done, Token
 from rag_stream.streaming.event_log import EventLog
@@ -82,3 +84,176 @@ async def test_takeover_on_redis_continues_without_gap_or_repeat(redis_log: Coun
     ]
     assert ids == reference
     await survivor.close()
+
+
+async def test_a_running_stream_whose_meta_expired_leaves_the_running_list(
+    redis_log: CountingLog,
+) -> None:
+    """A stream listed as running whose meta is gone (expired after the running TTL, when no
+    live process could continue it) is dropped by the sweeper: before, it stayed in the list
+    for ever, a lookup by every sweeper every few seconds, and the list's key never went."""
+    engine = stub_engine(delay_s=0.002)
+    crashing, kind = toy_streams(redis_log, engine, lease_ms=500)
+    sid = await crashing.start(kind, kind.accept([7, 8, 9], 300))
+    await crashing.close()  # its process stops mid-stream
+    client = Redis.from_url(REDIS_URL)
+    prefix = redis_log._p
+    try:
+        await client.delete(f"{prefix}:s:{sid}:meta")  # as the running TTL would
+        assert await redis_log.running() == [sid]
+        sweeping, _ = toy_streams(redis_log, engine, sweep_interval_s=0.1)
+        sweeping.start_sweeper()
+        for _ in range(50):
+            if not await redis_log.running():
+                break
+            await asyncio.sleep(0.1)
+        await sweeping.close()
+        assert await redis_log.running() == []
+        assert not await client.exists(f"{prefix}:active")
+    finally:
+        for key in await client.keys(f"{prefix}:*"):
+            await client.delete(key)
+        await client.aclose()
+
+
+async def test_a_reader_or_a_cancel_never_brings_back_a_stream_whose_meta_expired(
+    redis_log: CountingLog,
+) -> None:
+    """A reader's heartbeat and a cancel write to the stream's meta hash; once it has expired,
+    writing there made a hash with no expiry (a key that stayed for ever, and a stream that
+    looked running). They write only to a meta that exists."""
+    engine = stub_engine()
+    streams, kind = toy_streams(redis_log, engine)
+    sid = await streams.start(kind, kind.accept(list(b"hello"), 20))
+    assert len([e async for e in streams.follow(sid)]) > 1
+    await streams.close()
+    client = Redis.from_url(REDIS_URL)
+    meta = f"{redis_log._p}:s:{sid}:meta"
+    try:
+        assert await client.hget(meta, "seen")  # the heartbeat of a live stream still lands
+        await client.delete(meta, f"{redis_log._p}:s:{sid}:log")  # as its retention would
+        await redis_log.read_many({sid: 0}, None)
+        await redis_log.request_cancel(sid)
+        assert not await client.exists(meta)
+        assert await redis_log.meta(sid) is None
+    finally:
+        for key in await client.keys(f"{redis_log._p}:*"):
+            await client.delete(key)
+        await client.aclose()
+
+
+async def test_a_stopped_process_leaves_no_presence_record_behind(redis_log: CountingLog) -> None:
+    """Each process publishes its presence under a key of its own; a process that stops now
+    lets it go once its leases have lapsed, where it used to stay a day: one more key for
+    every start of a process."""
+    streams, _ = toy_streams(redis_log, stub_engine(), lease_ms=500, sweep_interval_s=0.1)
+    streams.start_sweeper()
+    key = f"{redis_log._p}:proc:{streams.producers.owner}"
+    client = Redis.from_url(REDIS_URL)
+    try:
+        for _ in range(50):
+            if await client.exists(key):
+                break
+            await asyncio.sleep(0.1)
+        assert await client.ttl(key) > 3600  # while it runs: republished by every sweep
+        await streams.close()
+        assert 0 < await client.pttl(key) <= 1000  # twice the lease
+        await asyncio.sleep(1.2)
+        assert not await client.exists(key)
+    finally:
+        for k in await client.keys(f"{redis_log._p}:*"):
+            await client.delete(k)
+        await client.aclose()
+
+
+class FlakyPlans(RedisEventLog):
+    """Plans cannot be saved while ``down`` (or for the first ``failures`` tries)."""
+
+    def __init__(self, *args: Any, failures: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failures = failures
+        self.down = False
+        self.tries = 0
+
+    async def set_plan(self, stream_id: str, plan_json: str) -> None:
+        self.tries += 1
+        if self.down or self.tries <= self.failures:
+            raise RedisConnectionError("Connection refused (a restart)")
+        await super().set_plan(stream_id, plan_json)
+
+
+async def test_a_plan_save_during_a_redis_blip_is_retried() -> None:
+    """Saving the plan was the one Redis write of a producer that was not retried: a job
+    whose next section began while Redis restarted failed (`internal_error`)."""
+    client = Redis.from_url(REDIS_URL)
+    log = FlakyPlans(client, prefix=f"rs-unit-{uuid.uuid4().hex[:8]}", failures=2)
+    streams, kind = toy_streams(log, stub_engine(), redis_retries=3)
+    try:
+        sid = await streams.start(kind, kind.accept(list(b"blip"), 50))
+        events = [e async for e in streams.follow(sid)]
+        check_one_stream(events, 50)
+        assert isinstance(events[-1], Done) and log.tries == 3
+    finally:
+        await streams.close()
+        for key in await client.keys(f"{log._p}:*"):
+            await client.delete(key)
+        await client.aclose()
+
+
+async def test_a_plan_redis_never_takes_leaves_the_stream_to_a_takeover() -> None:
+    """When Redis stays away beyond the retries, the stream is not ended with an error: it is
+    left, as a failed append leaves it, and continued from its log and its last saved plan
+    once Redis answers."""
+    client = Redis.from_url(REDIS_URL)
+    prefix = f"rs-unit-{uuid.uuid4().hex[:8]}"
+    log = FlakyPlans(client, prefix=prefix)
+    log.down = True
+    engine = stub_engine(delay_s=0.002)
+    first, kind = toy_streams(log, engine, lease_ms=500, redis_retries=1)
+    try:
+        run = kind.accept([7, 8, 9], 200)
+        sid = await first.start(kind, run)
+        # the plan saved before the run, as a job saves it when it starts (and each section)
+        await RedisEventLog.set_plan(log, sid, run.plan.model_dump_json())
+        for _ in range(50):
+            if log.tries >= 2:  # both tries failed: the producer stops
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)
+        meta = await log.meta(sid)
+        assert meta is not None and meta.status == "running"  # left, not ended
+        logged = await log.read(sid, -1, None)
+        assert [type(e).__name__ for e in logged] == ["StreamStarted"]  # and no error event
+        log.down = False
+        survivor, _ = toy_streams(log, engine, lease_ms=500)
+        events = [e async for e in survivor.follow(sid)]
+        check_one_stream(events, 200)
+        assert isinstance(events[-1], Done)
+        await survivor.close()
+    finally:
+        await first.close()
+        for key in await client.keys(f"{prefix}:*"):
+            await client.delete(key)
+        await client.aclose()
+
+
+async def test_a_run_whose_log_is_lost_is_told(redis_log: CountingLog) -> None:
+    """A stream whose log vanishes under it ends with `log_lost`, and its kind hears of it (a
+    job marks its row failed; it stayed `running` for good)."""
+    streams, kind = toy_streams(redis_log, stub_engine(delay_s=0.005))
+    client = Redis.from_url(REDIS_URL)
+    try:
+        sid = await streams.start(kind, kind.accept(list(b"gone"), 400))
+        events = []
+        async for event in streams.follow(sid):
+            events.append(event)
+            if len(events) == 20:  # mid-stream: Redis "restarts empty"
+                for key in await client.keys(f"{redis_log._p}:*"):
+                    await client.delete(key)
+        assert events[-1].type == "error" and events[-1].code == "log_lost"  # type: ignore[union-attr]
+        assert kind.lost == ["log_lost"] and kind.finished == []
+    finally:
+        await streams.close()
+        for key in await client.keys(f"{redis_log._p}:*"):
+            await client.delete(key)
+        await client.aclose()

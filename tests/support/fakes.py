@@ -19,7 +19,7 @@ from rag_stream.generation.engine import Engine
 from rag_stream.generation.stub import StubEngine
 from rag_stream.pipeline.plan import TokenPlan
 from rag_stream.pipeline.tokens import TokenOutput, token_phase
-from rag_stream.schemas.events import Done, Event, FinishReason
+from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason
 from rag_stream.schemas.generate import Coalesce
 from rag_stream.settings import StreamingSettings
 from rag_stream.streaming.context import StreamContext
@@ -74,6 +74,9 @@ class ToyRun:
             await ctx.save_plan(self.plan)
         return await token_phase(ctx, self.kind.engine, self.plan, self.out)
 
+    async def log_lost(self, error: ErrorEvent) -> None:
+        self.kind.lost.append(error.code)
+
     async def finish(self, ctx: StreamContext, reason: FinishReason, event_id: int) -> Done:
         self.out.run.finish_reason = reason
         self.kind.finished.append(self.out.text)
@@ -90,6 +93,7 @@ class ToyKind:
         self.engine = engine
         self.finished: list[str] = []  # the text each finished run reported
         self.finished_for: list[str] = []  # and whose stream it was (ctx.tenant)
+        self.lost: list[str] = []  # the error codes of runs that ended by log_lost
 
     def accept(
         self, prompt_ids: list[int], max_tokens: int, coalesce: Coalesce | None = None

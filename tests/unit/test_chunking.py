@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_stream.ingest.chunking import ChunkSpan, chunk_text
+from rag_stream.ingest.chunking import MAX_TOKEN_CHARS, ChunkSpan, chunk_text
 from rag_stream.ingest.parsing import parse_html, parse_markdown, parse_plain
 
 Offsets = list[tuple[int, int]]
@@ -102,3 +102,27 @@ def test_html_and_pdf_style_sections_give_headings(offsets) -> None:  # type: ig
 
 def test_text_without_tokens_gives_no_chunks(offsets) -> None:  # type: ignore[no-untyped-def]
     assert chunk_text(parse_plain("   \n\n  "), offsets, max_tokens=50, overlap=5) == []
+
+
+def test_a_word_of_a_million_characters_becomes_bounded_chunks(offsets) -> None:  # type: ignore[no-untyped-def]
+    # one token to the embedder ([UNK]): it was one chunk of a million characters
+    text = "Before the word.\n\n" + "a" * 1_000_000 + "\n\nAfter the word."
+    parsed = parse_plain(text)
+    chunks = chunk_text(parsed, offsets, max_tokens=200, overlap=32)
+    _check_offsets(text, chunks)
+    assert max(len(c.text) for c in chunks) <= 200 * MAX_TOKEN_CHARS
+    assert len(chunks) >= 1_000_000 // (200 * MAX_TOKEN_CHARS)
+    # and they still cover the text, in order
+    assert chunks[0].text.startswith("Before the word.")
+    assert chunks[-1].text.endswith("After the word.")
+    for before, after in itertools.pairwise(chunks):
+        assert (
+            before.start < after.start <= before.end or not text[before.end : after.start].strip()
+        )
+
+
+def test_words_the_embedder_reads_are_never_cut(offsets) -> None:  # type: ignore[no-untyped-def]
+    word = "b" * MAX_TOKEN_CHARS  # the longest word WordPiece splits rather than [UNK]s
+    text = " ".join([word] * 400)
+    chunks = chunk_text(parse_plain(text), offsets, max_tokens=50, overlap=0)
+    assert all(c.text.split(" ") == [word] * len(c.text.split(" ")) for c in chunks)
