@@ -229,6 +229,17 @@ def replay(out: Followed, url: str) -> list[Frame]:
     return probe.frames
 
 
+def _error_code(out: Followed) -> str | None:
+    """The code of the error the client's stream ended with, if it did."""
+    if out.spec.kind == "chat":
+        errors = [f for f in out.frames if '"error"' in f.data[:12]]
+        return str(json.loads(errors[-1].data)["error"]["code"]) if errors else None
+    last = out.frames[-1] if out.frames else None
+    if last is None or last.event != "error":
+        return None
+    return str(json.loads(last.data).get("code", "?"))
+
+
 def verdict(out: Followed, expected: str, url: str) -> tuple[str, str]:
     """(``identical`` | ``error`` | ``wrong``, the reason)."""
     if not out.ended:
@@ -237,8 +248,34 @@ def verdict(out: Followed, expected: str, url: str) -> tuple[str, str]:
     # chat frames of one event share its id (only the last carries it, see above)
     if ids != (sorted(ids) if out.spec.kind == "chat" else sorted(set(ids))):
         return "wrong", f"ids repeated or out of order: {ids}"
-    full = replay(out, url)
-    if [(f.id, f.event, f.data) for f in full] != [(f.id, f.event, f.data) for f in out.frames]:
+    try:
+        full = replay(out, url)
+    except httpx.HTTPStatusError as exc:
+        if exc.response.status_code != 404:
+            raise
+        # the log is gone (Redis restarted empty): the client's stream is judged alone, by its
+        # end (an error it was told) or by its text (it ended before the fault)
+        code = _error_code(out)
+        if code is not None:
+            return "error", f"{code} (its log is gone: 404)"
+        if out.spec.kind == "job":
+            with httpx.Client(base_url=url, timeout=60) as client:
+                job = client.get(f"/v1/jobs/{out.job_id}").json()
+                if job["status"] == "failed":
+                    return "error", f"{job['error']['code']} (its log is gone: 404)"
+                got = job_text(client, out.job_id)
+        else:
+            got = text_of(out)
+        if got == expected:
+            return "identical", "its log is gone (404), the text the client read is whole"
+        return "wrong", "its log is gone (404), and what the client read is not the text"
+    seen = [(f.id, f.event, f.data) for f in out.frames]
+    logged = [(f.id, f.event, f.data) for f in full]
+    if _error_code(out) == "log_lost" and logged and logged == seen[-len(logged) :]:
+        # Redis restarted empty: the log holds only the error that says so, which the client
+        # read last; what it read before cannot be checked against a log that is gone
+        return "error", "log_lost (the log holds only its error)"
+    if logged != seen:
         return "wrong", "what the client assembled differs from the log's replay"
     full_ids = [f.id for f in full if f.id is not None]
     # (the chat format sends citations as one chunk: its ids skip; its text is checked below)
@@ -246,13 +283,9 @@ def verdict(out: Followed, expected: str, url: str) -> tuple[str, str]:
         range(full_ids[0], full_ids[0] + len(full_ids))
     ):
         return "wrong", f"the log has a hole: {full_ids}"
-    last = out.frames[-1]
-    if out.spec.kind == "chat":
-        errors = [f for f in out.frames if '"error"' in f.data[:12]]
-        if errors:
-            return "error", json.loads(errors[-1].data)["error"]["code"]
-    elif last.event == "error":
-        return "error", json.loads(last.data).get("code", "?")
+    code = _error_code(out)
+    if code is not None:
+        return "error", code
     got = text_of(out)
     if out.spec.kind == "job":
         with httpx.Client(base_url=url, timeout=60) as client:

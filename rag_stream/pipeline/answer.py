@@ -2,10 +2,13 @@
 
 1. ``accept`` checks the request, loads the conversation's history and lays out the prompt with
    its stable part (system prompt, history, question) first.
-2. The first run retrieves while the engine prefills that stable part (``sources.py``), sends one
-   ``citation`` per source as soon as they are known, saves the plan (prompt token ids and what
-   the finisher needs), then runs the token phase.
-3. A continuation after a takeover runs only the token phase, from the plan and the logged ids.
+2. The first run saves the question's plan, retrieves while the engine prefills that stable
+   part (``sources.py``), sends one ``citation`` per source as soon as they are known, saves the
+   answer's plan (prompt token ids and what the finisher needs), then runs the token phase
+   (the plans: ``answer_plans.py``).
+3. A continuation after a takeover runs only the token phase, from the answer's plan and the
+   logged ids; one that finds the question's plan (the process died while searching, before
+   any citation went out) searches again first.
 4. ``finish`` stores the question and the answer in the conversation and builds ``done``.
 """
 
@@ -17,19 +20,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Literal
 
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from rag_stream.errors import InvalidRequest, PayloadTooLarge
+from rag_stream.errors import InvalidRequest, PayloadTooLarge, StartInterrupted
 from rag_stream.generation.engine import Sampling
 from rag_stream.generation.priority import ENGINE_PRIORITY, PriorityClass, priority_class
-from rag_stream.generation.prompt import PromptLayout, Turn, layout
+from rag_stream.generation.prompt import Turn, layout
 from rag_stream.generation.sampling import fit_to_window, sampling_for
 from rag_stream.generation.slot import EngineSlot
 from rag_stream.metrics import Metrics
-from rag_stream.pipeline.plan import TokenPlan
+from rag_stream.pipeline.answer_plans import SAVED_PLANS, AnswerJob, AnswerPlan, QuestionPlan
 from rag_stream.pipeline.sources import Retrieved, retrieve_while_prefilling
 from rag_stream.pipeline.tokens import TokenOutput, token_phase
 from rag_stream.retrieval.retriever import Retriever, SearchHit
@@ -56,16 +58,6 @@ from rag_stream.streaming.kinds import plan_error
 _MARKER = re.compile(r"\[(\d{1,3})\]")
 
 
-class AnswerPlan(TokenPlan):
-    kind: Literal["answer"] = "answer"
-    kb_id: str
-    question: str
-    conversation_id: str
-    citations: list[CitationBody]
-    dropped_sources: int
-    retrieval_ms: float
-
-
 @dataclass(frozen=True)
 class Question:
     """A question on a KB, however the request spelled it (``/v1/answers`` or chat
@@ -84,21 +76,6 @@ class Question:
     instructions: str | None = None  # the client's system messages, after ours
     stop: Sequence[str] = ()
     priority: PriorityClass = "interactive"  # as asked; a long prompt runs as batch
-
-
-@dataclass(frozen=True)
-class AnswerJob:
-    """An accepted question, before retrieval."""
-
-    kb_id: str
-    question: str
-    layout: PromptLayout
-    top_k: int
-    sampling: Sampling  # fitted to the window
-    mmr: bool
-    coalesce: Coalesce
-    stop: list[str]
-    mode: SearchMode = "hybrid"
 
 
 def cited_markers(text: str, sources: int) -> list[int]:
@@ -121,7 +98,8 @@ def _citation(n: int, hit: SearchHit, event_id: int) -> Citation:
 
 @dataclass
 class AnswerRun:
-    """One run of an answer stream: the first (``job`` set) or a continuation (``plan`` set)."""
+    """One run of an answer stream: the first (``job`` set), a continuation (``plan`` set), or
+    a continuation that searches again (``job`` and ``queue_ms`` set)."""
 
     kind: AnswerKind
     model: str
@@ -131,16 +109,22 @@ class AnswerRun:
     out: TokenOutput = field(default_factory=TokenOutput)
     accepted_at: float = field(default_factory=time.monotonic)
     priority: PriorityClass = "interactive"  # for the admission ticket (a continuation has none)
+    queue_ms: float | None = None  # the first run's, when a continuation searches again
 
     async def run(self, ctx: StreamContext) -> FinishReason:
         engine = await self.kind.engines.wait()
         if self.plan is None:
             assert self.job is not None
-            self.plan = await self._retrieve(ctx, self.job)
+            if self.queue_ms is None:  # the first run: a takeover during retrieval needs this
+                self.queue_ms = ctx.queue_ms
+                await ctx.save_plan(
+                    QuestionPlan.of_job(self.job, self.conversation_id, self.queue_ms)
+                )
+            self.plan = await self._retrieve(ctx, self.job, self.queue_ms)
             await ctx.save_plan(self.plan)
         return await token_phase(ctx, engine, self.plan, self.out)
 
-    async def _retrieve(self, ctx: StreamContext, job: AnswerJob) -> AnswerPlan:
+    async def _retrieve(self, ctx: StreamContext, job: AnswerJob, queue_ms: float) -> AnswerPlan:
         engine = await self.kind.engines.wait()
         citations: list[CitationBody] = []
 
@@ -171,7 +155,7 @@ class AnswerRun:
             job.sampling,
             coalesce=job.coalesce,
             stop=job.stop,
-            queue_ms=ctx.queue_ms,
+            queue_ms=queue_ms,
             kb_id=job.kb_id,
             question=job.question,
             conversation_id=self.conversation_id,
@@ -315,9 +299,23 @@ class AnswerKind:
 
     def continuation(self, plan_json: str, logged: Sequence[Event]) -> AnswerRun:
         try:
-            plan = AnswerPlan.model_validate_json(plan_json)
+            plan = SAVED_PLANS.validate_json(plan_json)
         except ValidationError as exc:
             raise plan_error(self.name, exc) from None
+        if isinstance(plan, QuestionPlan):
+            if any(e.type != "stream" for e in logged):
+                # some citations went out and the rest are lost with the process: another
+                # search could number them otherwise
+                raise StartInterrupted(
+                    "the stream's process died while sending its sources; ask again"
+                )
+            return AnswerRun(
+                self,
+                self.engines.get().model_name,
+                plan.conversation_id,
+                job=plan.job(),
+                queue_ms=plan.queue_ms,
+            )
         return AnswerRun(
             self,
             self.engines.get().model_name,

@@ -14,6 +14,8 @@ from typing import Any
 
 import anyio
 from redis.asyncio import BlockingConnectionPool, Redis, UnixDomainSocketConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from rag_stream.settings import Settings
 
@@ -33,8 +35,17 @@ class RedisHandle:
 
 def pool_options(settings: Settings) -> dict[str, Any]:
     """A bounded pool that makes a command wait for a free connection rather than fail; its
-    connections are named after this process (``CLIENT LIST`` shows whose they are)."""
+    connections are named after this process (``CLIENT LIST`` shows whose they are).
+
+    A command that meets a connection closed under it is sent once more on a new one: after a
+    restart of Redis every idle connection of the pool is dead, and without this each gave one
+    request a 503 ("Connection closed by server") although Redis was back. (redis-py retries
+    so by default only in the pool it makes itself.) A write sent twice (its reply lost, not the
+    write) does no harm: appends and ends name the event they follow and are recognised when
+    they landed, the rest set keys or members; at worst a rate counter counts that one request
+    twice."""
     return {
+        "retry": Retry(NoBackoff(), 1),
         "max_connections": settings.streaming.redis_pool_size,
         "timeout": settings.streaming.redis_pool_timeout_s,
         "socket_connect_timeout": 3,

@@ -117,6 +117,6 @@ class Takeover:
 def _continuation(kind: StreamKind, meta: StreamMeta, events: list[Event]) -> Producer:
     if meta.plan is None:
         raise StartInterrupted(
-            "the stream's process died before generation started (during retrieval); ask again"
+            "the stream's process died before it saved what a takeover needs; ask again"
         )
     return kind.continuation(meta.plan, events)

@@ -56,13 +56,24 @@ def test_coalesced_stream_has_the_same_tokens_in_fewer_events(tiny_server: Serve
 
 
 def test_resume_in_the_middle_of_a_coalesced_stream(tiny_server: ServerProcess) -> None:
-    # long enough (8 s here) that the stream is still running when the status is read, even on a
-    # faster machine: 400 tokens once ended first on CI
-    body = {"prompt": PROMPT, "max_tokens": 1200, "coalesce": {"tokens": 3, "ms": 1000}}
-    first = _stream(tiny_server, body, stop_after=4)  # stream + 3 coalesced token events
+    body = {"prompt": PROMPT, "max_tokens": 400, "coalesce": {"tokens": 3, "ms": 1000}}
+    sids: list[str] = []
+    statuses: list[dict[str, Any]] = []
+
+    def on_frame(frame: Frame) -> None:
+        if frame.event == "stream":
+            sids.append(frame.data["stream_id"])
+        elif frame.id == 3:  # the status, read before leaving (read after, it once said `done`)
+            url = f"{tiny_server.url}/v1/streams/{sids[0]}"
+            statuses.append(httpx.get(url, timeout=30).json())
+
+    with httpx.Client(base_url=tiny_server.url, timeout=120) as client:
+        # stream + 3 coalesced token events
+        first = read_stream(
+            client, "POST", "/v1/generate", json=body, stop_after=4, on_frame=on_frame
+        )
     sid = first[0].data["stream_id"]
-    status = httpx.get(f"{tiny_server.url}/v1/streams/{sid}", timeout=30).json()
-    assert status["status"] == "running", status  # left while it was still generating
+    assert statuses and statuses[0]["status"] == "running", statuses  # left mid-stream
     assert all(n >= 3 for n in _sizes(first))
     with httpx.Client(base_url=tiny_server.url, timeout=120) as client:
         rest = read_stream(

@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -75,6 +76,33 @@ def test_a_log_lost_by_a_redis_restart_is_never_extended(
             server.url + "/v1/generate", json={"prompt": "x", "max_tokens": 3, "stream": False}
         )
         assert r.status_code == 200, r.text
+    finally:
+        server.stop()
+
+
+def test_requests_right_after_a_redis_restart_succeed(
+    server_factory: ServerFactory, private_redis: RedisServer
+) -> None:
+    """Every idle connection of the pool is dead once Redis has restarted; each one gave a
+    request a 503 ("Connection closed by server") although Redis was back (the chaos
+    campaign's Redis rounds). A command now goes again on a new connection."""
+    server = server_factory(stub_delay_s=STUB_DELAY_S, RAG_STREAM_REDIS_URL=private_redis.url)
+
+    def generate(client: httpx.Client, prompt: str) -> httpx.Response:
+        body = {"prompt": prompt, "max_tokens": 40, "stream": False}
+        return client.post("/v1/generate", json=body)
+
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            with ThreadPoolExecutor(6) as pool:  # the pool holds several connections now
+                warm = list(pool.map(lambda i: generate(client, f"warm {i}"), range(6)))
+            assert all(r.status_code == 200 for r in warm), [r.text for r in warm]
+            private_redis.kill()
+            private_redis.start()  # empty: nothing of the earlier streams is needed
+            for i in range(8):
+                r = generate(client, f"after {i}")
+                assert r.status_code == 200, (i, r.text)
+            assert client.get("/readyz").status_code == 200
     finally:
         server.stop()
 

@@ -4,7 +4,9 @@
 ``STUB_TOKEN_DELAY_S`` (seconds per token) and, optionally, ``STUB_RTT_MS``: the round-trip time
 every connection is said to have (for ``"coalesce": "auto"``; without it, the kernel's), and
 ``STUB_TEXT``: the text the engine repeats (its default holds Chinese characters, three tokens
-each, sent as one event once whole; an ASCII text makes every token an event). Tokens are bytes
+each, sent as one event once whole; an ASCII text makes every token an event), and
+``STUB_SLOW_QUERY_S``: how long the embedding of a search query holding ``(slow)`` takes (a
+retrieval a test can kill the process in). Tokens are bytes
 (``ByteTokenizer``), so a stream's length in tokens, and so its duration, is known in advance on
 any machine.
 """
@@ -20,8 +22,10 @@ import uvicorn
 from rag_stream.app import create_app
 from rag_stream.generation.engine import Engine
 from rag_stream.preflight import migrate
+from rag_stream.retrieval.embedder import Embedder, SentenceTransformerEmbedder
 from rag_stream.settings import Settings, load_settings
 from tests.support.fakes import stub_engine
+from tests.support.slow_embedder import SlowEmbedder
 
 
 def main() -> None:
@@ -41,11 +45,24 @@ def main() -> None:
             return stub_engine(delay_s=delay, text=text)
         return stub_engine(delay_s=delay)
 
+    slow_s = float(os.environ.get("STUB_SLOW_QUERY_S", "0"))
+
+    async def embedder(settings: Settings) -> Embedder:
+        inner = await SentenceTransformerEmbedder.load(
+            settings.resolved_embedder, batch_size=settings.ingest.embed_batch_size
+        )
+        return SlowEmbedder(inner, slow_s, marker="(slow)") if slow_s else inner
+
     rtt = os.environ.get("STUB_RTT_MS")
     if rtt is None:
-        app = create_app(settings, engine_factory=paced)
+        app = create_app(settings, engine_factory=paced, embedder_factory=embedder)
     else:
-        app = create_app(settings, engine_factory=paced, rtt_source=lambda _scope: float(rtt))
+        app = create_app(
+            settings,
+            engine_factory=paced,
+            embedder_factory=embedder,
+            rtt_source=lambda _scope: float(rtt),
+        )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
 
 

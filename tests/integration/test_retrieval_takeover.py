@@ -1,0 +1,120 @@
+"""An answer whose process dies while it searches is searched again by the takeover.
+
+The chaos campaign (scripts/chaos.py) killed 2 of 56 answers during retrieval; they ended with
+`start_interrupted`. The first run now saves the question's plan before it searches, and a
+takeover that finds it (and no citation in the log) searches again and goes on. Stub engine,
+the real embedder and store; the query's embedding is made slow (STUB_SLOW_QUERY_S) so that the
+kill lands inside the search.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rag_stream.errors import StartInterrupted
+from rag_stream.pipeline.answer import AnswerKind
+from rag_stream.pipeline.answer_plans import QuestionPlan
+from rag_stream.schemas.events import Citation, StreamStarted
+from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
+from tests.support.kb import make_kb
+from tests.support.server import ServerProcess
+from tests.support.sse import Frame, read_stream, text_of
+
+QUESTION = "(slow) Where do the grey herons of the Zorblat live?"
+DOCS = [
+    ("zorblat.md", "# The Zorblat\n\nGrey herons and otters live in the delta of the Zorblat."),
+    ("quimby.md", "# Quimby\n\nQuimby holds its fair every September on the river meadow."),
+]
+SLOW_S = 4.0
+
+
+def _server(factory: ServerFactory, data: Path, prefix: str) -> ServerProcess:
+    return factory(
+        data_dir=data,
+        stub_delay_s=STUB_DELAY_S,
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        # streams of these two servers only: no other test's sweeper takes this one over
+        RAG_STREAM_STREAMING__KEY_PREFIX=prefix,
+        STUB_SLOW_QUERY_S=str(SLOW_S),
+    )
+
+
+def _answer(server: ServerProcess, kb: str, stop_after: int | None = None) -> list[Frame]:
+    body = {"kb": kb, "question": QUESTION, "max_tokens": 80, "top_k": 2}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        return read_stream(client, "POST", "/v1/answers", json=body, stop_after=stop_after)
+
+
+def _cited(frames: list[Frame]) -> list[tuple[int, str]]:
+    return [(f.data["n"], f.data["chunk_id"]) for f in frames if f.event == "citation"]
+
+
+def test_an_answer_killed_while_searching_is_searched_again_and_finished(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    prefix = f"rs-test-retrieval-{uuid.uuid4().hex[:8]}"
+    first = _server(server_factory, data, prefix)
+    kb = make_kb(first.url, DOCS, prefix="herons")
+    reference = _answer(first, kb)
+    assert reference[-1].event == "done", reference[-1]
+    assert [f.event for f in reference].count("citation") == 2
+    killed = _answer(first, kb, stop_after=1)  # the `stream` event: the search has begun
+    sid = killed[0].data["stream_id"]
+    status = httpx.get(f"{first.url}/v1/streams/{sid}", timeout=30).json()
+    assert status["status"] == "running", status  # still searching (SLOW_S seconds)
+    first.kill()  # kill -9, before a citation or the answer's plan
+    again = _server(server_factory, data, prefix)
+    try:
+        with httpx.Client(base_url=again.url, timeout=120) as client:
+            rest = read_stream(
+                client, "GET", f"/v1/streams/{sid}/events", headers={"Last-Event-ID": "0"}
+            )
+        frames = killed + rest
+        assert [f.id for f in frames] == list(range(len(frames)))
+        assert frames[-1].event == "done", frames[-1]
+        # searched again: the same sources and, the prompt being the same, the same answer
+        assert _cited(frames) == _cited(reference)
+        assert text_of(frames) == text_of(reference)
+        conversation = killed[0].data["conversation_id"]
+        stored = httpx.get(f"{again.url}/v1/conversations/{conversation}", timeout=30).json()
+        assert [m["content"] for m in stored["messages"]] == [QUESTION, text_of(reference)]
+    finally:
+        again.stop()
+
+
+def test_a_takeover_after_some_citations_went_out_does_not_search_again() -> None:
+    """Another search could number the sources otherwise: the stream ends with a clear
+    error (`start_interrupted`) instead."""
+    plan = QuestionPlan(
+        prompt_ids=[1, 2, 3],
+        max_tokens=10,
+        kb_id="kb",
+        question="q",
+        conversation_id="c",
+        tail_template="",
+        top_k=2,
+        mmr=False,
+        mode="hybrid",
+    )
+    kind = AnswerKind(None, None, None, None, None, None)  # type: ignore[arg-type]
+    logged = [
+        StreamStarted(id=0, stream_id="s", model="m", created=0.0),
+        Citation(
+            id=1,
+            n=1,
+            chunk_id="ch",
+            document_id="d",
+            title="t",
+            heading=None,
+            snippet="x",
+            offsets=(0, 1),
+            score=0.5,
+        ),
+    ]
+    with pytest.raises(StartInterrupted):
+        kind.continuation(plan.model_dump_json(), logged)
