@@ -12,6 +12,7 @@ from alembic.config import Config
 from sqlalchemy import event, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -44,6 +45,8 @@ def unavailable(exc: BaseException) -> DatabaseUnavailable | None:
     )
     if lost or isinstance(exc, ConnectionError):  # (asyncpg's connect: refused, reset)
         return DatabaseUnavailable(f"database unavailable: {type(exc).__name__}")
+    if isinstance(exc, PoolTimeout):  # every connection of the pool busy for pool_timeout
+        return DatabaseUnavailable("database busy: no connection of the pool came free in time")
     return None
 
 

@@ -7,9 +7,11 @@ much of a guess was right. Only the hash and a short prefix are stored.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
+import time
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -91,16 +93,27 @@ class KeyRing:
 
     Open (no key needed, every caller is tenant ``local``) only while no key was ever created
     and ``always_required`` is off; the first ``rag-stream keys create`` closes it, in a running
-    server too (a process that has seen a key never checks again)."""
+    server too, within ``OPEN_RECHECK_S`` (a process that has seen a key never checks again).
+    While open, one query at a time asks, and its answer serves every request for that long:
+    a query per request made a thousand requests at once wait for the database pool, and some
+    time out."""
+
+    OPEN_RECHECK_S = 1.0
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession], always_required: bool) -> None:
         self._sessions = sessions
         self._required = always_required
+        self._open_until = 0.0  # monotonic time until which "no key yet" holds
+        self._asking = asyncio.Lock()
 
     async def required(self) -> bool:
-        if not self._required:
-            async with self._sessions() as session:
-                self._required = await any_key(session)
+        if self._required or time.monotonic() < self._open_until:
+            return self._required
+        async with self._asking:
+            if not self._required and time.monotonic() >= self._open_until:
+                async with self._sessions() as session:
+                    self._required = await any_key(session)
+                self._open_until = time.monotonic() + self.OPEN_RECHECK_S
         return self._required
 
     async def owner(self, key: str | None) -> KeyOwner:

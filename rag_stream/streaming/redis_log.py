@@ -115,17 +115,19 @@ redis.call('EXPIRE', KEYS[4], ARGV[4])
 return 1
 """
 
-# KEYS: meta, lease, active, log. ARGV: owner, retention_s, stream_id, model, kind, created,
-# error entry id, error json. The log lost its head: say so, so nobody extends or trusts it.
+# KEYS: meta, lease, active, log. ARGV: owner, retention_s, stream_id, error entry id, error
+# json, then the stream's creation fields as name, value pairs (model, kind, tenant, wire...:
+# a resume must still find whose stream it is and in which format it is read). The log lost
+# its head: say so, so nobody extends or trusts it.
 _MARK_LOST = """
 local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'error', 'finish_reason', 'log_lost',
-           'model', ARGV[4], 'kind', ARGV[5], 'created', ARGV[6])
+redis.call('HSET', KEYS[1], 'status', 'error', 'finish_reason', 'log_lost')
+for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 local tip = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 local top = tip[1] and tonumber(string.match(tip[1][1], '^(%d+)')) or 0
-if top < tonumber(string.match(ARGV[7], '^(%d+)')) then
-  redis.call('XADD', KEYS[4], ARGV[7], 'e', ARGV[8])
+if top < tonumber(string.match(ARGV[4], '^(%d+)')) then
+  redis.call('XADD', KEYS[4], ARGV[4], 'e', ARGV[5])
 end
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('DEL', KEYS[2])
@@ -304,8 +306,9 @@ class RedisEventLog:
         self, stream_id: str, owner: str, new: NewStream, error: Event, retention_s: int
     ) -> None:
         log, meta_key, lease = self._keys(stream_id)
-        args: list[str | int] = [owner, retention_s, stream_id, new.model, new.kind]
-        args += [repr(new.created), entry_id(error.id), error.model_dump_json()]
+        args: list[str | int] = [owner, retention_s, stream_id]
+        args += [entry_id(error.id), error.model_dump_json()]
+        args += [part for pair in new.fields().items() for part in pair]
         await self._mark_lost(keys=[meta_key, lease, self._active, log], args=args)
 
     async def acquire(

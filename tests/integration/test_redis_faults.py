@@ -4,6 +4,7 @@ on the paced stub engine, where timing is the point)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from httpx_sse import connect_sse
 from redis.asyncio import Redis as AsyncRedis
 
 from rag_stream.streaming.redis_log import RedisEventLog
@@ -76,6 +78,47 @@ def test_a_log_lost_by_a_redis_restart_is_never_extended(
             server.url + "/v1/generate", json={"prompt": "x", "max_tokens": 3, "stream": False}
         )
         assert r.status_code == 200, r.text
+    finally:
+        server.stop()
+
+
+def test_a_chat_stream_whose_log_is_lost_still_resumes_in_the_chat_format(
+    server_factory: ServerFactory, private_redis: RedisServer
+) -> None:
+    """The lost log's meta keeps the stream's creation fields: its tenant, and the format a
+    resume renders (it kept the model alone, so a chat stream resumed as our own SSE events,
+    which an OpenAI client cannot read, and the chaos campaign judged the stream wrong)."""
+    server = server_factory(
+        stub_delay_s=STUB_DELAY_S,
+        RAG_STREAM_REDIS_URL=private_redis.url,
+        RAG_STREAM_LIMITS__MAX_TOKENS="4000",
+    )
+    body = {
+        "model": "stub",
+        "messages": [{"role": "user", "content": "lose my head"}],
+        "max_tokens": 2000,
+        "stream": True,
+    }
+    seen: list[str] = []
+    try:
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as client,
+            connect_sse(client, "POST", "/v1/chat/completions", json=body) as source,
+        ):
+            sid = source.response.headers["x-stream-id"]
+            for sse in source.iter_sse():
+                seen.append(sse.data)
+                if len(seen) == 5:
+                    private_redis.kill()  # no persistence: it comes back empty
+                    time.sleep(0.4)
+                    private_redis.start()
+        assert seen[-1] == "[DONE]" and json.loads(seen[-2])["error"]["code"] == "log_lost"
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as client,
+            connect_sse(client, "GET", f"/v1/streams/{sid}/events") as source,
+        ):
+            replay = [sse.data for sse in source.iter_sse()]
+        assert replay == seen[-2:]  # the error chunk and [DONE], as the client read them
     finally:
         server.stop()
 
