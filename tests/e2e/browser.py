@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -72,7 +73,10 @@ def start_chromium() -> webdriver.Chrome:
 def wait_for(check: Callable[[], T | None], timeout: float = 60, what: str = "") -> T:
     deadline = time.monotonic() + timeout
     while True:
-        value = check()
+        try:
+            value = check()
+        except StaleElementReferenceException:
+            value = None  # the page redrew the element under the check: look again
         if value:
             return value
         if time.monotonic() > deadline:

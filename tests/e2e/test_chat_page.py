@@ -207,9 +207,14 @@ def test_follow_ups_stay_in_one_conversation(site: Site, page: ChatPage) -> None
     assert messages[3]["stream_id"] == sid
 
     # listed on the left; opened again from there, it shows the same exchange
-    entry = page.el("#conversations li button")
-    wait_for(lambda: "2 questions" in entry.text, 30, "the conversation listed")
-    assert "What did the Skerry lamp burn?" in entry.text
+    # (looked up again at each try: the list is redrawn when each answer ends, and an element
+    # found before the last redraw is gone, "stale", once it happens)
+    listed = wait_for(
+        lambda: "2 questions" in (text := page.el("#conversations li button").text) and text,
+        30,
+        "the conversation listed",
+    )
+    assert "What did the Skerry lamp burn?" in listed
     page.el("#new-conversation").click()
     assert not page.driver.find_elements(By.CSS_SELECTOR, "#thread .turn")
     page.el("#conversations li button").click()
