@@ -368,7 +368,10 @@ def test_chinese_renders_without_garbage(site: Site, page: ChatPage) -> None:
     cards = turn.find_elements(By.CSS_SELECTOR, ".card")
     assert any("长城" in c.text for c in cards)
     text = page.answer_text(turn)
-    assert text and "\ufffd" not in text
+    # no garbage inside the text; at its very end a U+FFFD is the answer's own, when the token
+    # limit cut a character in two (as decoding its token ids gives; the prompt holds the
+    # random words of the upload test's document, so where the 60th token falls varies)
+    assert text and "\ufffd" not in text[:-1]
     assert text == saved_answer(site, str(turn.get_attribute("data-stream-id")))
 
     # a phone-sized window: one column, nothing wider than the screen
