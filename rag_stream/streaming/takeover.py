@@ -33,6 +33,7 @@ class Takeover:
         self._log: EventLog = producers.event_log
         self._sweep_interval_s = sweep_interval_s
         self._sweeper: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def producer_gone(self, meta: StreamMeta) -> bool:
         """Whether the running stream ``meta`` has no live producer."""
@@ -96,12 +97,15 @@ class Takeover:
         self._sweeper = asyncio.create_task(self._sweep(), name="stream-sweeper")
 
     async def close(self) -> None:
+        # the flag as well as the cancel: a cancel that lands inside a Redis call can come out
+        # of redis-py as a connection error, which the loop below survives (it hung a CI run)
+        self._closing = True
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
 
     async def _sweep(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 await self._producers.announce()  # (re)publish this process's presence
                 for sid in await self._log.running():

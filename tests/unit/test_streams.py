@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from redis.exceptions import RedisError
 
 from rag_stream.errors import NotFound
 from rag_stream.schemas.events import Done, ErrorEvent, Event, Token
@@ -116,3 +117,20 @@ def test_cited_markers_are_the_answers_markers_that_name_a_source() -> None:
     text = "Herons [2] nest in the delta [1][2]; see also [9] and [0] and [ 3]."
     assert cited_markers(text, sources=3) == [1, 2]
     assert cited_markers("no markers", sources=3) == []
+
+
+async def test_close_ends_the_sweeper_even_when_a_redis_call_swallows_the_cancel() -> None:
+    """A cancel landing inside a Redis call can come out of it as a connection error, which
+    the sweeper survives by design; close() waited for it for ever (a hung CI run)."""
+
+    class Swallowing(MemoryEventLog):
+        async def announce(self, owner: str) -> None:
+            try:
+                await asyncio.sleep(0.5)
+            except asyncio.CancelledError:
+                raise RedisError("Connection closed by server.") from None
+
+    streams, _ = toy_streams(Swallowing(), stub_engine(), sweep_interval_s=0.001)
+    streams.start_sweeper()
+    await asyncio.sleep(0.1)  # inside announce
+    await asyncio.wait_for(streams.close(), 5)
