@@ -424,20 +424,16 @@ def main() -> None:
     probe = RedisProbe(redis_url, PREFIX)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            if not args.skip_stub:
-                server = start_server(Path(tmp) / "stub", redis_url, "stub", args)
+            runs = [("stub", args.skip_stub, stub_phases), ("vllm", args.skip_vllm, vllm_phases)]
+            for engine, skip, phases in runs:
+                if skip:
+                    continue
+                server = start_server(Path(tmp) / engine, redis_url, engine, args)
                 try:
-                    stub_phases(server, redis_proc.pid, probe, args, report)
+                    phases(server, redis_proc.pid, probe, args, report)
                 finally:
                     server.stop()
-                    server_log(server, "stub", args, report)
-            if not args.skip_vllm:
-                server = start_server(Path(tmp) / "vllm", redis_url, "vllm", args)
-                try:
-                    vllm_phases(server, redis_proc.pid, probe, args, report)
-                finally:
-                    server.stop()
-                    server_log(server, "vllm", args, report)
+                    server_log(server, engine, args, report)
     finally:
         probe.close()
         redis_proc.terminate()
