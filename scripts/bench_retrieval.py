@@ -282,7 +282,9 @@ async def ingestion(embedder: SentenceTransformerEmbedder, vocab: list[str], rep
 
 async def main(args: argparse.Namespace) -> None:
     settings = load_settings()
-    embedder = await SentenceTransformerEmbedder.load(settings.resolved_embedder)
+    embedder = await SentenceTransformerEmbedder.load(
+        settings.resolved_embedder, backend=settings.embedder_backend
+    )
     data = load_eval()
     vocab = vocabulary(data, random.Random(1))
     questions = [q for _, q, _ in data.questions]
@@ -290,6 +292,7 @@ async def main(args: argparse.Namespace) -> None:
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                     "platform": platform.platform(), "load_before": os.getloadavg()},
         "embedder": Path(settings.resolved_embedder).name,
+        "embedder_backend": embedder.backend,
         "eval": {"zh": sum(lang == "zh" for lang, _, _ in data.questions),
                  "en": sum(lang == "en" for lang, _, _ in data.questions)},
         "quality": {}, "latency": {},

@@ -60,7 +60,9 @@ async def open_local_stack(settings: Settings) -> AsyncIterator[LocalStack]:
     db_engine, sessions = create_db(settings.resolved_database_url)
     try:
         embedder = await SentenceTransformerEmbedder.load(
-            settings.resolved_embedder, batch_size=settings.ingest.embed_batch_size
+            settings.resolved_embedder,
+            batch_size=settings.ingest.embed_batch_size,
+            backend=settings.embedder_backend,
         )
         sparse = open_sparse_encoder()
         await vectors.ensure(embedder.dimension)
@@ -130,7 +132,9 @@ async def reindex_store(
     db_engine, sessions = create_db(settings.resolved_database_url)
     try:
         embedder = await SentenceTransformerEmbedder.load(
-            settings.resolved_embedder, batch_size=settings.ingest.embed_batch_size
+            settings.resolved_embedder,
+            batch_size=settings.ingest.embed_batch_size,
+            backend=settings.embedder_backend,
         )
         sparse = open_sparse_encoder()
         total = await count_chunks(sessions)

@@ -39,19 +39,24 @@ log = logging.getLogger(__name__)
 
 
 class QdrantVectorStore:
-    def __init__(self, client: AsyncQdrantClient) -> None:
+    def __init__(self, client: AsyncQdrantClient, collection: str = COLLECTION) -> None:
         self._client = client
+        self._collection = collection  # another name: test runs sharing one server
 
     @property
     def client(self) -> AsyncQdrantClient:
         return self._client
 
+    @property
+    def collection(self) -> str:
+        return self._collection
+
     async def ensure(self, dimension: int) -> None:
         with _reaching("setup"):
-            if await self._client.collection_exists(COLLECTION):
+            if await self._client.collection_exists(self._collection):
                 return
             await self._client.create_collection(
-                COLLECTION,
+                self._collection,
                 vectors_config={
                     DENSE: qm.VectorParams(size=dimension, distance=qm.Distance.COSINE)
                 },
@@ -59,7 +64,7 @@ class QdrantVectorStore:
             )
             for key in ("kb_id", "document_id"):
                 await self._client.create_payload_index(
-                    COLLECTION, key, field_schema=qm.PayloadSchemaType.KEYWORD
+                    self._collection, key, field_schema=qm.PayloadSchemaType.KEYWORD
                 )
 
     async def legacy_collection_exists(self) -> bool:
@@ -78,19 +83,19 @@ class QdrantVectorStore:
             for p in points
         ]
         with _reaching("upsert"):
-            await self._client.upsert(COLLECTION, points=structs, wait=True)
+            await self._client.upsert(self._collection, points=structs, wait=True)
 
     async def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
         if not chunk_ids:
             return
         selector = qm.PointIdsList(points=[point_id(c) for c in chunk_ids])
         with _reaching("delete"):
-            await self._client.delete(COLLECTION, points_selector=selector, wait=True)
+            await self._client.delete(self._collection, points_selector=selector, wait=True)
 
     async def delete_kb(self, kb_id: str) -> None:
         selector = qm.FilterSelector(filter=qm.Filter(must=[_kb_condition(kb_id)]))
         with _reaching("delete"):
-            await self._client.delete(COLLECTION, points_selector=selector, wait=True)
+            await self._client.delete(self._collection, points_selector=selector, wait=True)
 
     async def search(
         self,
@@ -143,7 +148,7 @@ class QdrantVectorStore:
             q, using, threshold = qm.RrfQuery(rrf=qm.Rrf(k=RRF_K)), None, None
         with _reaching("search"):
             response = await self._client.query_points(
-                COLLECTION,
+                self._collection,
                 prefetch=prefetch,
                 query=q,
                 using=using,

@@ -1,9 +1,16 @@
 """In-process ingestion stack on the real stores: SQLite or PostgreSQL (migrated with Alembic),
-a vector store in a temporary folder (qdrant-edge, or qdrant-client's local mode, which speaks
-the server's API), and the real sentence-transformers embedder and BM25 encoder."""
+a vector store (qdrant-edge or qdrant-client's local mode in a temporary folder, and a Qdrant
+server when ``RAG_STREAM_QDRANT_URL`` names one), and the real sentence-transformers embedder and
+BM25 encoder.
+
+On a server each test has a collection of its own, deleted afterwards, so runs sharing the
+server never see each other's points. tests/conftest.py moves the variable to
+``TEST_QDRANT_URL``: the run's other settings and server processes keep their embedded store.
+"""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -15,11 +22,12 @@ from qdrant_client import models as qm
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from rag_stream.errors import VectorStoreUnavailable
 from rag_stream.ingest.service import Ingestor
 from rag_stream.retrieval.edge_bm25 import EdgeBm25
 from rag_stream.retrieval.edge_store import EdgeVectorStore
 from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
-from rag_stream.retrieval.qdrant_store import COLLECTION, QdrantVectorStore
+from rag_stream.retrieval.qdrant_store import QdrantVectorStore
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import VectorStore
 from rag_stream.settings import IngestSettings
@@ -28,7 +36,8 @@ from rag_stream.store.models import Chunk, Document, KnowledgeBase
 from tests.support.pg import postgres_database as fresh_database
 
 SMALL_CHUNKS = IngestSettings(chunk_tokens=64, chunk_overlap=8)
-BACKENDS = ["edge", "local"]
+QDRANT_URL = os.environ.get("TEST_QDRANT_URL")
+BACKENDS = ["edge", "local", *(["server"] if QDRANT_URL else [])]
 # Small, so that tests write past it and search, replace and delete over indexed segments too.
 EDGE_OPTIMIZE_AFTER = 40
 
@@ -47,6 +56,7 @@ class Stack:
     sparse: EdgeBm25
     ingestor: Ingestor
     retriever: Retriever
+    backend: str
 
     def another_ingestor(self, vectors: VectorStore | None = None) -> Ingestor:
         """A second ingestor on the same stores with its own in-process locks, as a second
@@ -66,13 +76,18 @@ class Stack:
         if isinstance(self.vectors, EdgeVectorStore):
             return await self.vectors.count(kb_id)
         flt = qm.Filter(must=[qm.FieldCondition(key="kb_id", match=qm.MatchValue(value=kb_id))])
-        return (await self.vectors.client.count(COLLECTION, count_filter=flt, exact=True)).count
+        counted = await self.vectors.client.count(
+            self.vectors.collection, count_filter=flt, exact=True
+        )
+        return counted.count
 
     async def point_ids(self, kb_id: str) -> set[str]:
         if isinstance(self.vectors, EdgeVectorStore):
             return await self.vectors.point_ids(kb_id)
         flt = qm.Filter(must=[qm.FieldCondition(key="kb_id", match=qm.MatchValue(value=kb_id))])
-        points, _ = await self.vectors.client.scroll(COLLECTION, scroll_filter=flt, limit=10_000)
+        points, _ = await self.vectors.client.scroll(
+            self.vectors.collection, scroll_filter=flt, limit=10_000
+        )
         return {uuid.UUID(str(p.id)).hex for p in points}
 
     async def row_counts(self, kb_id: str) -> tuple[int, int]:
@@ -91,15 +106,28 @@ class Stack:
 def open_vectors(backend: str, folder: Path) -> EdgeVectorStore | QdrantVectorStore:
     if backend == "edge":
         return EdgeVectorStore(folder, optimize_after_points=EDGE_OPTIMIZE_AFTER, optimize_idle_s=0)
+    if backend == "server":
+        assert QDRANT_URL, "the server backend needs RAG_STREAM_QDRANT_URL"
+        client = AsyncQdrantClient(url=QDRANT_URL, timeout=10)
+        return QdrantVectorStore(client, collection=f"rag_stream_test_{uuid.uuid4().hex}")
     return QdrantVectorStore(AsyncQdrantClient(path=str(folder)))
 
 
 async def open_stack(
     db_url: str, folder: Path, embedder: SentenceTransformerEmbedder, backend: str = "edge"
 ) -> Stack:
-    db_engine, sessions = create_db(db_url)
     vectors = open_vectors(backend, folder)
-    await vectors.ensure(embedder.dimension)
+    unreachable = None
+    try:
+        await vectors.ensure(embedder.dimension)
+    except VectorStoreUnavailable as exc:
+        await vectors.close()
+        if backend != "server":
+            raise
+        unreachable = exc.message
+    if unreachable:  # an error, never a skip: the run asked for the server
+        pytest.fail(f"RAG_STREAM_QDRANT_URL={QDRANT_URL}: {unreachable}", pytrace=False)
+    db_engine, sessions = create_db(db_url)
     sparse = EdgeBm25()
     return Stack(
         db_engine,
@@ -109,12 +137,18 @@ async def open_stack(
         sparse,
         Ingestor(sessions, vectors, embedder, SMALL_CHUNKS, sparse=sparse),
         Retriever(sessions, vectors, embedder, sparse=sparse),
+        backend,
     )
 
 
 async def close_stack(stack: Stack) -> None:
-    await stack.vectors.close()
-    await stack.db_engine.dispose()
+    vectors = stack.vectors
+    try:
+        if stack.backend == "server" and isinstance(vectors, QdrantVectorStore):
+            await vectors.client.delete_collection(vectors.collection)
+    finally:
+        await vectors.close()
+        await stack.db_engine.dispose()
 
 
 # Fixtures, imported by the knowledge-base test modules.
@@ -122,7 +156,8 @@ async def close_stack(stack: Stack) -> None:
 
 @pytest.fixture(scope="session")
 async def embedder(embedder_path: Path) -> SentenceTransformerEmbedder:
-    return await SentenceTransformerEmbedder.load(str(embedder_path))
+    # The service's default backend (Settings.embedder_backend).
+    return await SentenceTransformerEmbedder.load(str(embedder_path), backend="onnx")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -142,7 +177,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    """The embedded vector store: qdrant-edge (the default), or qdrant-client's local mode."""
+    """The vector store: qdrant-edge (the default), qdrant-client's local mode, or the Qdrant
+    server at RAG_STREAM_QDRANT_URL when it is set."""
     return str(request.param)
 
 
