@@ -46,6 +46,7 @@ from rag_stream.generation.engine import Engine
 from rag_stream.generation.slot import EngineSlot
 from rag_stream.ingest.sample_kb import start_sample_kb
 from rag_stream.ingest.service import Ingestor
+from rag_stream.malloc_arenas import limit_malloc_arenas
 from rag_stream.metrics import Metrics
 from rag_stream.pipeline.answer import AnswerKind
 from rag_stream.pipeline.generate import GenerateKind
@@ -93,7 +94,9 @@ async def _vllm_engine(settings: Settings) -> Engine:
 
 async def _st_embedder(settings: Settings) -> Embedder:
     return await SentenceTransformerEmbedder.load(
-        settings.resolved_embedder, batch_size=settings.ingest.embed_batch_size
+        settings.resolved_embedder,
+        batch_size=settings.ingest.embed_batch_size,
+        backend=settings.embedder_backend,
     )
 
 
@@ -131,6 +134,7 @@ def create_app(
     exit_on_engine_failure: bool = True,
     rtt_source: RttSource = kernel_rtt_ms,
 ) -> FastAPI:
+    limit_malloc_arenas()  # before the service's threads exist (see malloc_arenas.py)
     metrics = Metrics()
 
     async def load_engine(engines: EngineSlot) -> None:

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from rag_stream.ask_cli import add_ask_command
 from rag_stream.errors import (
@@ -36,6 +37,19 @@ def _logging(level: str) -> None:
     )
 
 
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """How `serve` runs uvicorn, one process or several."""
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level,
+        "timeout_graceful_shutdown": 5,
+        "timeout_keep_alive": settings.keep_alive_s,
+        "loop": "uvloop",
+        "http": "httptools",
+    }
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -56,17 +70,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info(
         "serve: starting %d process(es) on http://%s:%d", workers, settings.host, settings.port
     )
-    common = {
-        "host": settings.host,
-        "port": settings.port,
-        "log_level": settings.log_level,
-        "timeout_graceful_shutdown": 5,
-        "loop": "uvloop",
-        "http": "httptools",
-    }
+    common = uvicorn_options(settings)
     if workers == 1:
         app = create_app(settings)
-        server = uvicorn.Server(uvicorn.Config(app, **common))  # type: ignore[arg-type]
+        server = uvicorn.Server(uvicorn.Config(app, **common))
         app.state.request_exit = lambda: setattr(server, "should_exit", True)
         server.run()
         if not server.started:
@@ -76,7 +83,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.environ[f"{ENV_PREFIX}PROFILE"] = settings.profile
     os.environ[f"{ENV_PREFIX}HOST"] = settings.host
     os.environ[f"{ENV_PREFIX}PORT"] = str(settings.port)
-    uvicorn.run("rag_stream.app:app_from_environment", factory=True, workers=workers, **common)  # type: ignore[arg-type]
+    uvicorn.run("rag_stream.app:app_from_environment", factory=True, workers=workers, **common)
     return 0
 
 

@@ -43,6 +43,7 @@ DEFAULT_LLM_DIRNAME = "SmolLM2-135M-Instruct"
 DEFAULT_EMBEDDER_DIRNAME = "all-MiniLM-L6-v2"
 
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
+EmbedderBackend = Literal["auto", "torch", "onnx"]
 
 
 def _redis_scheme(value: str) -> str:
@@ -296,9 +297,17 @@ class Settings(BaseSettings):
     # the server's filesystem path), or the id as given for a hub id.
     served_model_name: str | None = Field(None, min_length=1, max_length=256)
     embedder: str | None = None
+    # onnx: the embedder's transformer on ONNX Runtime, exported next to the model by
+    # prepare-models (one query ~2.5x faster on CPU, same vectors); torch: sentence-transformers;
+    # auto: onnx when the model allows it (mean pooling, an export), else torch.
+    embedder_backend: EmbedderBackend = "auto"
     dtype: Dtype = "float32"
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    # Seconds an idle client connection is kept open for its next request. Longer than the
+    # idle timeout of the proxy or load balancer in front (60 s for most), or the proxy may
+    # send a request down a connection this server is closing at that moment: a 502.
+    keep_alive_s: int = Field(75, ge=1, le=3600)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # The service's address as clients see it (behind a proxy), for the URLs it hands out
     # (citation links); unset: taken from each request.

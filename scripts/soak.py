@@ -24,9 +24,14 @@ that grows from the baseline to the end is a leak, a heap that grew to its worki
 is not. (The trim at the baseline lowers the soak's first samples: RSS then climbs back to
 the heap's working size within a minute or two, which the first-to-last figure and the
 whole-soak slope include and the second-half slope does not.) With --trim-each-sample every
-sample is taken after a trim, so the curve is the memory held. Each child process's RSS
+sample is taken after a trim, so the curve is the memory held. Each server's anonymous memory
+(its RSS less file-backed and shared pages) is reported next to its RSS: when other processes
+press on memory the kernel drops mapped library pages and RSS falls with them, which says
+nothing of a leak (there is no swap to hide anonymous memory in). Each child process's RSS
 (vector-store worker, parse workers, vLLM's engine core) is reported apart. At the very end,
-after the servers stop, what they left in Redis.
+after the servers stop, what they left in Redis. Every stream a client saw end must have its
+SQL row: any without one is a problem, named with its kind, and the servers' logs are kept
+next to the output whenever there was a problem.
 
 So that "back to baseline" can be seen within minutes, finished streams are kept for
 --retention-s (60 s, not the default hour) and streams nobody reads are abandoned after
@@ -40,6 +45,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import signal
 import sys
 import tempfile
@@ -55,7 +61,13 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.benchstats import summary  # noqa: E402
 from tests.support.pg import postgres_database  # noqa: E402
-from tests.support.probes import Probe, RedisProbe, sample_process, slope_per_min  # noqa: E402
+from tests.support.probes import (  # noqa: E402
+    Probe,
+    RedisProbe,
+    sample_process,
+    slope_per_min,
+    streams_missing,
+)
 from tests.support.server import ServerProcess  # noqa: E402
 from tests.support.traffic import (  # noqa: E402
     WEIGHTS,
@@ -120,9 +132,14 @@ async def trimmed_rss(pids: dict[str, int]) -> dict[str, dict[str, float]]:
     tests/support/trimmable.py): what it holds, apart from what it once used."""
     before = {name: sample_process(pid).main_rss_mb for name, pid in pids.items()}
     await trim(pids)
+    after = {name: sample_process(pid) for name, pid in pids.items()}
     return {
-        name: {"rss_mb": before[name], "after_trim_mb": sample_process(pid).main_rss_mb}
-        for name, pid in pids.items()
+        name: {
+            "rss_mb": before[name],
+            "after_trim_mb": after[name].main_rss_mb,
+            "anon_after_trim_mb": after[name].main_anon_mb,
+        }
+        for name in pids
     }
 
 
@@ -150,7 +167,7 @@ def memory_report(samples: list[dict[str, Any]], names: list[str]) -> dict[str, 
     out = {}
     for name in names:
         row: dict[str, Any] = {}
-        for key in ("rss_mb", "main_rss_mb"):
+        for key in ("rss_mb", "main_rss_mb", "main_anon_mb"):
             whole = _series(samples, name, key, start)
             second = _series(samples, name, key, half)
             slope_all = slope_per_min(whole)
@@ -288,6 +305,10 @@ async def soak(args: argparse.Namespace, servers: list[Any], probe: Probe) -> di
         task.cancel()
     ledger = traffic.ledger
     expected = ledger.expected_rows(baseline["sql_rows"])
+    # every stream a client saw end must have its row: name those that do not, by kind
+    missing = await streams_missing(probe.database_url, list(ledger.streams))
+    for sid in missing:
+        ledger.problem(f"stream {sid} ({ledger.streams[sid]}) ended but has no SQL row")
     no_ttl = sorted({k for s in samples for k in s.get("keys_without_ttl", [])})
     peak_keys = max(s["redis_keys"] for s in samples)
     return {
@@ -312,6 +333,13 @@ async def soak(args: argparse.Namespace, servers: list[Any], probe: Probe) -> di
                     n: round(end_trim[n]["after_trim_mb"] - base_trim[n]["after_trim_mb"], 1)
                     for n in names
                 },
+                # the same in anonymous memory, which memory pressure does not shrink
+                "held_anon_growth_mb": {
+                    n: round(
+                        end_trim[n]["anon_after_trim_mb"] - base_trim[n]["anon_after_trim_mb"], 1
+                    )
+                    for n in names
+                },
             },
             "processes": process_report(baseline, end, samples, names),
             "redis_keys": {
@@ -331,6 +359,7 @@ async def soak(args: argparse.Namespace, servers: list[Any], probe: Probe) -> di
                 "expected": expected,
                 "end": end["sql_rows"],
                 "match": expected == end["sql_rows"],
+                "streams_without_a_row": {sid: ledger.streams[sid] for sid in missing},
             },
         },
         "idle": idle,
@@ -380,6 +409,9 @@ def main() -> None:
             "users": args.users,
             "stub_delay_s": args.stub_delay if args.engine == "stub" else None,
             "trim_each_sample": args.trim_each_sample,
+            # glibc's own cap on malloc arenas when set (the service caps them at 2 otherwise,
+            # since rag_stream/malloc_arenas.py; the runs before it had glibc's default)
+            "malloc_arena_max_env": os.environ.get("MALLOC_ARENA_MAX"),
             "kv_cache_gb": args.kv_cache_gb if args.engine == "vllm" else None,
             "weights": WEIGHTS,
             "shortened": {
@@ -409,10 +441,17 @@ def main() -> None:
             report.setdefault("results", {})["redis_keys_after_servers_stopped"] = (
                 redis.key_census()
             )
+            logs = [Path(tmp) / f"server-{i}.log" for i in range(args.servers)]
             report["server_log_tracebacks"] = sum(
-                (Path(tmp) / f"server-{i}.log").read_text(errors="replace").count("Traceback")
-                for i in range(args.servers)
+                log.read_text(errors="replace").count("Traceback") for log in logs
             )
+            if report.get("problems") or report["server_log_tracebacks"]:
+                # the servers' logs, to find what the problems were
+                kept = args.out.with_suffix(".logs")
+                kept.mkdir(parents=True, exist_ok=True)
+                for log in logs:
+                    shutil.copy(log, kept / log.name)
+                report["server_logs_kept_in"] = str(kept)
     finally:
         redis.delete_all()
         redis.close()

@@ -66,7 +66,14 @@ BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 async def get_caller(resources: ResourcesDep, credentials: BearerDep) -> KeyOwner:
     """The caller's key and tenant (401 without a valid key once keys are required), counted
     against its per-minute limit (429 past it)."""
-    owner = await resources.keys.owner(credentials.credentials if credentials else None)
+    try:
+        owner = await resources.keys.owner(credentials.credentials if credentials else None)
+    except Exception as exc:
+        # raised as is, the generic handler answered 503 but Starlette re-raised the error
+        # after the response ("Exception in ASGI application"); a service error ends there
+        if (db := unavailable(exc)) is None:
+            raise
+        raise db from exc
     await resources.quotas.count_request(owner.key_id)
     return owner
 

@@ -43,6 +43,7 @@ from rag_stream.schemas.events import (
     ErrorEvent,
     Event,
     FinishReason,
+    Usage,
 )
 from rag_stream.schemas.generate import Coalesce
 from rag_stream.schemas.kbs import SearchMode
@@ -51,6 +52,7 @@ from rag_stream.store.conversations import get_conversation, save_answer
 from rag_stream.store.db import retrying
 from rag_stream.store.models import new_id
 from rag_stream.store.repositories import resolve_kb
+from rag_stream.store.streams import save_stream
 from rag_stream.streaming.context import StreamContext
 from rag_stream.streaming.event_log import StreamMeta
 from rag_stream.streaming.kinds import plan_error
@@ -171,7 +173,23 @@ class AnswerRun:
         run = self.out.run
         run.finish_reason = reason
         plan = self.plan
-        if plan is None:  # ended before retrieval finished: nothing to keep
+        if plan is None:
+            # ended before retrieval finished (cancelled, or left by every reader): nothing
+            # was answered, so no conversation keeps it, but the stream is recorded as every
+            # ended stream is (its text empty; GET /v1/usage counts the request)
+            await retrying(
+                partial(
+                    save_stream,
+                    self.kind.sessions,
+                    tenant=ctx.tenant,
+                    stream_id=ctx.stream_id,
+                    kind=self.kind.name,
+                    model=self.model,
+                    finish_reason=reason,
+                    text="",
+                    usage=Usage().model_dump(),
+                )
+            )
             return Done(id=event_id, finish_reason=reason)
         text = self.out.text
         done = Done(

@@ -21,7 +21,7 @@ from rag_stream.pipeline.tokens import TokenOutput, token_phase
 from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason
 from rag_stream.schemas.generate import Coalesce, GenerateRequest
 from rag_stream.settings import LimitsSettings
-from rag_stream.store.streams import record_stream
+from rag_stream.store.streams import save_stream
 from rag_stream.streaming.context import StreamContext
 from rag_stream.streaming.event_log import StreamMeta
 from rag_stream.streaming.kinds import plan_error
@@ -58,19 +58,16 @@ class GenerateRun:
         run = self.out.run
         run.finish_reason = reason
         usage = run.usage()
-        async with self.kind.sessions() as session:
-            await record_stream(
-                session,
-                tenant=ctx.tenant,
-                stream_id=ctx.stream_id,
-                kind=self.kind.name,
-                model=self.model,
-                conversation_id=None,
-                finish_reason=reason,
-                text=self.out.text,
-                usage=usage.model_dump(),
-            )
-            await session.commit()
+        await save_stream(
+            self.kind.sessions,
+            tenant=ctx.tenant,
+            stream_id=ctx.stream_id,
+            kind=self.kind.name,
+            model=self.model,
+            finish_reason=reason,
+            text=self.out.text,
+            usage=usage.model_dump(),
+        )
         done = Done(
             id=event_id,
             finish_reason=reason,

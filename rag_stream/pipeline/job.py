@@ -62,7 +62,7 @@ from rag_stream.store.jobs import (
 )
 from rag_stream.store.models import Job
 from rag_stream.store.repositories import resolve_kb
-from rag_stream.store.streams import record_stream
+from rag_stream.store.streams import save_stream
 from rag_stream.streaming.admission import Ticket
 from rag_stream.streaming.context import StreamContext
 from rag_stream.streaming.event_log import StreamMeta
@@ -247,19 +247,16 @@ class JobRun:
         status = "cancelled" if reason == "cancelled" else "completed" if complete else "failed"
         await save_sections(kind.sessions, self.plan.job_id, [_finished(s) for s in finished])
         await finish_job(kind.sessions, self.plan.job_id, status)
-        async with kind.sessions() as session:
-            await record_stream(
-                session,
-                tenant=ctx.tenant,
-                stream_id=ctx.stream_id,
-                kind=kind.name,
-                model=self.model,
-                conversation_id=None,
-                finish_reason=reason,
-                text="",  # the document is in job_sections
-                usage=usage.model_dump(),
-            )
-            await session.commit()
+        await save_stream(
+            kind.sessions,
+            tenant=ctx.tenant,
+            stream_id=ctx.stream_id,
+            kind=kind.name,
+            model=self.model,
+            finish_reason=reason,
+            text="",  # the document is in job_sections
+            usage=usage.model_dump(),
+        )
         kind.metrics.observe_done(kind.name, done)
         return done
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.schemas.tenants import UsageTotals
 from rag_stream.store.models import StreamRecord, utcnow
@@ -44,6 +44,33 @@ async def record_stream(
         "created_at": utcnow(),
     }
     await session.execute(_upsert(session.get_bind().dialect.name), values)
+
+
+async def save_stream(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    tenant: str,
+    stream_id: str,
+    kind: str,
+    model: str,
+    finish_reason: str,
+    text: str,
+    usage: dict[str, Any],
+) -> None:
+    """Record a stream that belongs to no conversation, in a transaction of its own."""
+    async with sessions() as session:
+        await record_stream(
+            session,
+            tenant=tenant,
+            stream_id=stream_id,
+            kind=kind,
+            model=model,
+            conversation_id=None,
+            finish_reason=finish_reason,
+            text=text,
+            usage=usage,
+        )
+        await session.commit()
 
 
 @functools.cache

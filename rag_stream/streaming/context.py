@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -13,9 +11,8 @@ from redis.exceptions import RedisError
 
 from rag_stream.schemas.events import Event
 from rag_stream.streaming.event_log import EventLog
+from rag_stream.streaming.redis_conn import retry_redis
 from rag_stream.streaming.writer import StopReason, StreamWriter
-
-logger = logging.getLogger(__name__)
 
 
 class Stopped(Exception):
@@ -61,19 +58,12 @@ class StreamContext:
         away, raise Stopped: the stream is left as a failed append leaves it, to be continued
         from its log (and its last saved plan) once Redis is back, not ended with an error."""
         data = plan.model_dump_json()
-        retries = self.writer.redis_retries
-        for attempt in range(retries + 1):
-            try:
-                await self.event_log.set_plan(self.stream_id, data)
-                return
-            except RedisError as exc:
-                logger.warning(
-                    "stream %s: saving its plan failed (%s), attempt %d",
-                    self.stream_id,
-                    exc,
-                    attempt,
-                )
-                if attempt < retries:
-                    await asyncio.sleep(0.2 * (attempt + 1))
-        self.writer.log_unavailable()
-        raise Stopped("log_unavailable")
+        try:
+            await retry_redis(
+                lambda: self.event_log.set_plan(self.stream_id, data),
+                self.writer.redis_retries,
+                f"stream {self.stream_id}: saving its plan",
+            )
+        except RedisError:
+            self.writer.log_unavailable()
+            raise Stopped("log_unavailable") from None

@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 
 from rag_stream.settings import StreamingSettings
 from rag_stream.streaming.event_log import Append, AppendResult, EventLog
+from rag_stream.streaming.redis_conn import retry_redis
 
 logger = logging.getLogger(__name__)
 
@@ -112,16 +113,16 @@ class Flusher:
             batches[i : i + MAX_STREAMS_PER_CALL]
             for i in range(0, len(batches), MAX_STREAMS_PER_CALL)
         ]
-        for attempt in range(self._cfg.redis_retries + 1):
-            try:
-                answers = await asyncio.gather(*(self._log.append(call) for call in calls))
-                return [result for answer in answers for result in answer]
-            except RedisError as exc:
-                logger.warning(
-                    "append of %d streams failed (%s), attempt %d", len(batches), exc, attempt
-                )
-                await asyncio.sleep(0.2 * (attempt + 1))
-        return [None] * len(batches)
+
+        async def send() -> list[AppendResult | None]:
+            answers = await asyncio.gather(*(self._log.append(call) for call in calls))
+            return [result for answer in answers for result in answer]
+
+        try:
+            what = f"append of {len(batches)} streams"
+            return await retry_redis(send, self._cfg.redis_retries, what)
+        except RedisError:
+            return [None] * len(batches)
 
     async def close(self) -> None:
         self._writers.clear()

@@ -31,6 +31,7 @@ from rag_stream.streaming.event_log import EventLog, FinishResult, NewStream
 from rag_stream.streaming.feeds import Feeds
 from rag_stream.streaming.flusher import Flusher
 from rag_stream.streaming.kinds import Producer, StreamKind
+from rag_stream.streaming.redis_conn import retry_redis
 from rag_stream.streaming.writer import GONE, StreamWriter
 
 logger = logging.getLogger(__name__)
@@ -237,20 +238,20 @@ class Producers:
         """Write the last events and the final status together (retrying while Redis blips);
         this process's readers see them once they are in the log."""
         reason = terminal.finish_reason if isinstance(terminal, Done) else "error"
-        for attempt in range(self.cfg.redis_retries + 1):
-            try:
-                outcome = await self.event_log.finish(
+        try:
+            outcome = await retry_redis(
+                lambda: self.event_log.finish(
                     sid, self.owner, events, status, reason, self.cfg.retention_s, after
-                )
-            except RedisError as exc:
-                logger.warning("stream %s: finish failed (%s), attempt %d", sid, exc, attempt)
-                await asyncio.sleep(0.2 * (attempt + 1))
-                continue
-            if outcome == "done":
-                self.feeds.publish(sid, events)
-            return outcome
-        logger.error("stream %s: could not write its end; it will be taken over later", sid)
-        return None
+                ),
+                self.cfg.redis_retries,
+                f"stream {sid}: writing its end",
+            )
+        except RedisError:
+            logger.error("stream %s: could not write its end; it will be taken over later", sid)
+            return None
+        if outcome == "done":
+            self.feeds.publish(sid, events)
+        return outcome
 
     async def announce(self) -> None:
         await self.event_log.announce(self.owner)

@@ -6,20 +6,24 @@ listens on a unix socket under data_dir and persists to an RDB file there.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from redis.asyncio import BlockingConnectionPool, Redis, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from rag_stream.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -51,6 +55,22 @@ def pool_options(settings: Settings) -> dict[str, Any]:
         "socket_connect_timeout": 3,
         "client_name": f"rag-stream:{socket.gethostname()}:{os.getpid()}",
     }
+
+
+async def retry_redis(call: Callable[[], Awaitable[T]], retries: int, what: str) -> T:
+    """``call()``, sent again up to ``retries`` times while Redis fails (0.2, 0.4, 0.6 s …
+    apart: a restart from its append-only file takes a second or two); the last error is
+    raised. For the writes a stream cannot go on without: appends, plans and ends, which are
+    all safe to repeat."""
+    for attempt in range(retries + 1):
+        try:
+            return await call()
+        except RedisError as exc:
+            if attempt == retries:
+                raise
+            log.warning("%s failed (%s), attempt %d of %d", what, exc, attempt + 1, retries + 1)
+            await asyncio.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 async def open_redis(settings: Settings) -> RedisHandle:

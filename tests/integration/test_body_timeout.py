@@ -125,8 +125,11 @@ def test_waiting_after_the_body_is_not_limited(app_url: tuple[str, int]) -> None
     assert (status, body) == (200, b"saw nothing")
 
 
-def test_the_service_answers_a_stalled_body_with_408(server_factory: ServerFactory) -> None:
-    """Needs the middleware installed in create_app (limits.body_read_timeout_s)."""
+def test_the_service_times_out_stalled_bodies_and_keeps_idle_connections(
+    server_factory: ServerFactory,
+) -> None:
+    """Needs the middleware installed in create_app (limits.body_read_timeout_s), and
+    keep_alive_s passed to uvicorn by `serve`."""
     server: ServerProcess = server_factory(
         stub_delay_s=0,
         RAG_STREAM_REDIS_URL=REDIS_URL,
@@ -140,5 +143,25 @@ def test_the_service_answers_a_stalled_body_with_408(server_factory: ServerFacto
             assert headers["connection"] == "close"
             assert json.loads(body)["error"]["code"] == "request_timeout"
             assert 1 <= elapsed < 5
+        _idle_connection_is_kept(address)
     finally:
         server.stop()
+
+
+def _idle_connection_is_kept(address: tuple[str, int]) -> None:
+    """keep_alive_s (75 s): a connection idle longer than uvicorn's own 5 s still takes the
+    next request, so a client or proxy reusing it is not met by a close."""
+    with socket.create_connection(address, timeout=15) as sock:
+        reader = sock.makefile("rb")
+        for i in range(2):
+            if i:
+                time.sleep(6.5)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            status = reader.readline()
+            assert status.startswith(b"HTTP/1.1 200"), status
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.lower() == b"content-length":
+                    length = int(value)
+            assert reader.read(length).startswith(b"{")

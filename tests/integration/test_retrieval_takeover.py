@@ -118,3 +118,32 @@ def test_a_takeover_after_some_citations_went_out_does_not_search_again() -> Non
     ]
     with pytest.raises(StartInterrupted):
         kind.continuation(plan.model_dump_json(), logged)
+
+
+def test_an_answer_cancelled_while_searching_ends_cancelled_and_is_recorded(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    """Nothing was answered, so no conversation keeps it; the stream is still recorded, as
+    every ended stream is, and GET /v1/usage counts the request."""
+    prefix = f"rs-test-retrieval-{uuid.uuid4().hex[:8]}"
+    server = _server(server_factory, tmp_path / "data", prefix)
+    try:
+        kb = make_kb(server.url, DOCS, prefix="herons")
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            before = client.get("/v1/usage").json()["by_kind"].get("answer", {"requests": 0})
+            first = _answer(server, kb, stop_after=1)  # the `stream` event: the search has begun
+            sid = first[0].data["stream_id"]
+            assert client.get(f"/v1/streams/{sid}").json()["status"] == "running"
+            client.post(f"/v1/streams/{sid}/cancel").raise_for_status()
+            frames = first + read_stream(
+                client, "GET", f"/v1/streams/{sid}/events", headers={"Last-Event-ID": "0"}
+            )
+            assert [f.id for f in frames] == list(range(len(frames)))
+            assert [f.event for f in frames] == ["stream", "done"], frames
+            assert frames[-1].data["finish_reason"] == "cancelled"
+            after = client.get("/v1/usage").json()["by_kind"]["answer"]
+            assert after["requests"] == before["requests"] + 1
+            conversation = first[0].data["conversation_id"]
+            assert client.get(f"/v1/conversations/{conversation}").status_code == 404
+    finally:
+        server.stop()

@@ -79,6 +79,7 @@ class Ledger:
     streams: dict[str, str] = field(default_factory=dict)  # stream id -> kind
     new_conversations: int = 0
     answers: int = 0  # answer streams (each saves a question and an answer)
+    unanswered: int = 0  # answer streams that ended before their sources (no conversation)
     jobs: dict[str, int] = field(default_factory=dict)  # live job id -> sections written
     deleted_jobs: int = 0
     documents: dict[str, int] = field(default_factory=dict)  # live document id -> chunks
@@ -112,6 +113,9 @@ class Ledger:
             "streams": len(self.streams),
             "streams_by_kind": dict(Counter(self.streams.values())),
             "finish_reasons": dict(self.finish_reasons),
+            # answers ended before their sources: a client that stalled past abandon_after_s
+            # while its answer searched (never a cancel of the traffic's own)
+            "answers_unanswered": self.unanswered,
             "events_read": self.events,
             "jobs_kept": len(self.jobs),
             "jobs_deleted": self.deleted_jobs,
@@ -305,9 +309,10 @@ class Traffic:
             frames = await self._read(it)
         sid = frames[0].data["stream_id"]
         self.ledger.streams[sid] = "answer"
-        self.ledger.answers += 1
-        self.ledger.new_conversations += 1
         kinds = [f.event for f in frames]
+        self._conversation_saved(
+            frames[-1].data.get("finish_reason") == "cancelled" and "citation" not in kinds
+        )
         if (
             "token" in kinds
             and "citation" in kinds
@@ -326,6 +331,7 @@ class Traffic:
             "stream": stream,
         }
         kind = "answer" if model.startswith("kb:") else "generate"
+        unanswered = False
         if stream:
             async with self.client.stream("POST", f"{server}/v1/chat/completions", json=body) as r:
                 self._status(r, 200)
@@ -342,6 +348,13 @@ class Traffic:
             if len(reasons) != 1:
                 raise Unexpected(f"{len(reasons)} finish reasons in a chat stream")
             self.ledger.finish_reasons[reasons[0]] += 1
+            cancelled = any(
+                c.data["choices"][0].get("stop_reason") == "cancelled"
+                for c in chunks[:-1]
+                if c.data.get("choices")
+            )
+            sourced = any("search_results" in c.data for c in chunks[:-1])
+            unanswered = cancelled and not sourced
         else:
             r = await self.client.post(f"{server}/v1/chat/completions", json=body)
             self._status(r, 200)
@@ -349,6 +362,15 @@ class Traffic:
             self.ledger.finish_reasons[r.json()["choices"][0]["finish_reason"]] += 1
         self.ledger.streams[sid] = kind
         if kind == "answer":
+            self._conversation_saved(unanswered)
+
+    def _conversation_saved(self, unanswered: bool) -> None:
+        """An answer saves its question and answer in a new conversation, unless it ended
+        before its sources (cancelled, or left by every reader, while searching): then only
+        its stream is recorded."""
+        if unanswered:
+            self.ledger.unanswered += 1
+        else:
             self.ledger.answers += 1
             self.ledger.new_conversations += 1
 
