@@ -9,38 +9,43 @@ id it saw (the job itself never depended on the connection).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-from httpx_sse import connect_sse
 from tqdm import tqdm
 
+from rag_stream.client import Client, Reconnect, RetryPolicy
+from rag_stream.client.options import JobOptions
+from rag_stream.errors import RagStreamError
+from rag_stream.schemas.events import (
+    Done,
+    ErrorEvent,
+    Event,
+    Outline,
+    SectionDone,
+    SectionStarted,
+    Token,
+)
+from rag_stream.schemas.jobs import JobOut
+
 DEFAULT_URL = "http://127.0.0.1:8000"
-RETRIES = 30  # reconnections in a row without a new event, before giving up
+# A job runs for minutes and does not depend on the connection: keep resuming for a while
+# (30 reconnections in a row without a new event, at most 2 s apart).
+FOLLOW_RETRY = RetryPolicy(max_retries=30, backoff_s=0.2, factor=1.5, max_backoff_s=2.0)
 
 
-class JobCliError(Exception):
-    pass
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.url, api_key=args.api_key, retry=FOLLOW_RETRY, on_reconnect=_reconnecting)
 
 
-def _client(args: argparse.Namespace, timeout: float | None = 60) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    return httpx.Client(base_url=args.url.rstrip("/"), headers=headers, timeout=timeout)
-
-
-def _check(r: httpx.Response) -> httpx.Response:
-    if r.is_success:
-        return r
-    try:
-        err = r.json()["error"]
-        raise JobCliError(f"{r.status_code} {err['code']}: {err['message']}")
-    except (ValueError, KeyError, TypeError):
-        raise JobCliError(f"{r.status_code}: {r.text[:300]}") from None
+def _reconnecting(notice: Reconnect) -> None:
+    tqdm.write(
+        f"connection lost ({notice.reason}); resuming after event {notice.last_event_id} "
+        f"({notice.attempt}/{notice.max_retries})"
+    )
 
 
 def _outline(path: str) -> list[str]:
@@ -57,19 +62,19 @@ class _Bars:
         self.overall = tqdm(total=sections, unit="section", position=0, desc="document")
         self.section: tqdm[Any] | None = None
 
-    def on(self, event: str, data: dict[str, Any]) -> None:
-        if event == "outline":
-            self.overall.total = len(data["headings"])
+    def on(self, event: Event) -> None:
+        if isinstance(event, Outline):
+            self.overall.total = len(event.headings)
             self.overall.refresh()
-        elif event == "section":
+        elif isinstance(event, SectionStarted):
             self._close_section()
-            desc = f"{data['index'] + 1}. {data['heading']}"[:40]
+            desc = f"{event.index + 1}. {event.heading}"[:40]
             self.section = tqdm(
                 total=self.section_tokens, unit="tok", position=1, leave=False, desc=desc
             )
-        elif event == "token" and self.section is not None:
-            self.section.update(len(data["token_ids"]))
-        elif event == "section_done":
+        elif isinstance(event, Token) and self.section is not None:
+            self.section.update(len(event.token_ids))
+        elif isinstance(event, SectionDone):
             self._close_section()
             self.overall.update(1)
 
@@ -83,106 +88,92 @@ class _Bars:
         self.overall.close()
 
 
-def follow(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, Any]:
-    """Follow the job's events to its end (reconnecting with Last-Event-ID); its terminal
-    event's data."""
-    last: int | None = None
-    failures = 0
-    bars = _Bars(job["progress"]["sections_total"], job["section_tokens"])
+def follow(client: Client, job: JobOut) -> Done | ErrorEvent:
+    """Follow the job's events to its end (the client resumes them with Last-Event-ID after a
+    network error); its terminal event."""
+    bars = _Bars(job.progress.sections_total, job.section_tokens)
     try:
-        while True:
-            headers = {} if last is None else {"Last-Event-ID": str(last)}
-            try:
-                with (
-                    _client(args, timeout=None) as client,
-                    connect_sse(
-                        client, "GET", f"/v1/jobs/{job['id']}/events", headers=headers
-                    ) as source,
-                ):
-                    _check(source.response)
-                    for sse in source.iter_sse():
-                        if not sse.data:
-                            continue  # a keep-alive
-                        data = json.loads(sse.data)
-                        if sse.id:
-                            last, failures = int(sse.id), 0
-                        bars.on(sse.event, data)
-                        if sse.event in ("done", "error"):
-                            return {"event": sse.event, **data}
-            except httpx.HTTPError as exc:
-                failures += 1
-                if failures > RETRIES:
-                    raise JobCliError(f"lost the server: {exc}") from exc
-                tqdm.write(f"connection lost ({exc}); resuming after event {last}")
-                time.sleep(min(2.0, 0.2 * failures))
+        for event in client.follow_job(job.id):
+            bars.on(event)
+            if isinstance(event, Done | ErrorEvent):
+                return event
     finally:
         bars.close()
+    raise RagStreamError(f"the events of job {job.id} ended without an end")
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"kb": args.kb, "title": args.title}
+    options: JobOptions = {}
     if args.outline_file:
-        body["outline"] = _outline(args.outline_file)
+        options["outline"] = _outline(args.outline_file)
     if args.sections is not None:
-        body["sections"] = args.sections
-    for name in ("instructions", "section_tokens", "top_k", "seed"):
-        if getattr(args, name) is not None:
-            body[name] = getattr(args, name)
+        options["sections"] = args.sections
+    if args.instructions is not None:
+        options["instructions"] = args.instructions
+    if args.section_tokens is not None:
+        options["section_tokens"] = args.section_tokens
+    if args.top_k is not None:
+        options["top_k"] = args.top_k
+    if args.seed is not None:
+        options["seed"] = args.seed
     with _client(args) as client:
-        job = _check(client.post("/v1/jobs", json=body)).json()
-    print(f"job {job['id']} ({job['status']})")
-    if not args.follow:
-        return 0
-    end = follow(args, job)
-    if end["event"] == "error":
-        print(f"job failed: {end['code']}: {end['message']}", file=sys.stderr)
+        job = client.create_job(args.kb, args.title, **options)
+        print(f"job {job.id} ({job.status})", flush=True)
+        if not args.follow:
+            return 0
+        end = follow(client, job)
+    if isinstance(end, ErrorEvent):
+        print(f"job failed: {end.code}: {end.message}", file=sys.stderr)
         return 1
     print(
-        f"job {job['id']}: {end['finish_reason']}, {end['usage']['completion_tokens']} tokens; "
-        f"`rag-stream job result {job['id']}` prints it"
+        f"job {job.id}: {end.finish_reason}, {end.usage.completion_tokens} tokens; "
+        f"`rag-stream job result {job.id}` prints it"
     )
-    return 0 if end["finish_reason"] != "cancelled" else 1
+    return 0 if end.finish_reason != "cancelled" else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        job = _check(client.get(f"/v1/jobs/{args.id}")).json()
-    p = job["progress"]
-    line = f"{job['id']}  {job['status']}  {p['sections_done']}/{p['sections_total']} sections"
-    line += f"  {p['tokens']} tokens"
-    if p["elapsed_s"] is not None:
-        line += f"  {p['elapsed_s']:.0f} s"
-    if p["eta_s"] and job["status"] == "running":
-        line += f"  ~{p['eta_s']:.0f} s left"
+        job = client.get_job(args.id)
+    p = job.progress
+    line = f"{job.id}  {job.status}  {p.sections_done}/{p.sections_total} sections"
+    line += f"  {p.tokens} tokens"
+    if p.elapsed_s is not None:
+        line += f"  {p.elapsed_s:.0f} s"
+    if p.eta_s and job.status == "running":
+        line += f"  ~{p.eta_s:.0f} s left"
     print(line)
-    if job["error"]:
-        print(f"error: {job['error']['code']}: {job['error']['message']}")
+    if job.error:
+        print(f"error: {job.error.code}: {job.error.message}")
     return 0
 
 
 def cmd_result(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        r = _check(client.get(f"/v1/jobs/{args.id}/result", params={"format": args.format}))
+        if args.format == "json":
+            text = client.job_result(args.id).model_dump_json(indent=2) + "\n"
+        else:
+            text = client.job_markdown(args.id)
     if args.output:
-        Path(args.output).write_text(r.text, encoding="utf-8")
+        Path(args.output).write_text(text, encoding="utf-8")
         print(f"wrote {args.output}", file=sys.stderr)
     else:
-        sys.stdout.write(r.text)
+        sys.stdout.write(text)
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        job = _check(client.post(f"/v1/jobs/{args.id}/cancel")).json()
-    print(f"{job['id']}  {job['status']}")
+        job = client.cancel_job(args.id)
+    print(f"{job.id}  {job.status}")
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         code: int = args.job_func(args)
-    except JobCliError as exc:
-        print(f"rag-stream job: {exc}", file=sys.stderr)
+    except RagStreamError as exc:
+        print(f"rag-stream job: {exc.status_code} {exc.code}: {exc.message}", file=sys.stderr)
         return 1
     except httpx.HTTPError as exc:
         print(f"rag-stream job: cannot reach {args.url}: {exc}", file=sys.stderr)

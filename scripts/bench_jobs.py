@@ -1,9 +1,10 @@
 """Benchmark long-document jobs (issue 15) on SmolLM2-135M float32, CPU.
 
-(a) A 6-section job's output tokens/s, from its first `section` event to `done` (retrieval,
-    prompt fitting, SQL writes and the event log included), against the raw in-process engine
-    generating the very same section prompts back to back (rebuilt from the job's events with
-    the job's own code, checked token for token) for the same number of tokens.
+(a) A 6-section job's output tokens/s, from its `outline` event (before the first section's
+    retrieval) to `done` (retrieval, prompt fitting, SQL writes and the event log included),
+    against the raw in-process engine generating the very same section prompts back to back
+    (rebuilt from the job's events with the job's own code, checked token for token) for the
+    same number of tokens.
 (b) The time from a kill -9 of the process running a job (mid-section) to the job producing
     tokens again on a second process sharing Redis and PostgreSQL, with KV snapshots off and on.
 

@@ -2,9 +2,9 @@
 
 Every endpoint answers with the server's own pydantic models (``rag_stream.schemas``); an error
 answer raises the server's typed error (``rag_stream.errors``: ``NotFound``,
-``InvalidRequest``, ... with ``status_code``, ``code`` and ``message``). ``ask``, ``generate``
-and ``follow`` yield the stream's typed events and resume by themselves after a dropped
-connection, so the caller sees one stream with ids 0, 1, 2, ...::
+``InvalidRequest``, ... with ``status_code``, ``code`` and ``message``). ``ask``, ``generate``,
+``follow`` and ``follow_job`` yield the stream's typed events and resume by themselves after a
+dropped connection, so the caller sees one stream with ids 0, 1, 2, ...::
 
     from rag_stream.client import Client
 

@@ -18,6 +18,7 @@ from rag_stream.client.options import (
     DEFAULT_TIMEOUT,
     AnswerOptions,
     GenerateOptions,
+    JobOptions,
     OnReconnect,
     RetryPolicy,
     auth_headers,
@@ -25,7 +26,9 @@ from rag_stream.client.options import (
 )
 from rag_stream.client.resume import Resumer
 from rag_stream.schemas.answers import AnswerResponse, ConversationOut
+from rag_stream.schemas.conversations import ConversationList
 from rag_stream.schemas.generate import GenerateResponse
+from rag_stream.schemas.jobs import JobList, JobOut, JobResult
 from rag_stream.schemas.kbs import (
     ChunkDetail,
     DocumentDetail,
@@ -46,8 +49,8 @@ FileInput = str | PathLike[str] | tuple[str, bytes]
 
 
 class AsyncClient:
-    """As ``Client``, with ``await`` (and ``async for`` over ``ask``, ``generate`` and
-    ``follow``); close it with ``aclose()`` or ``async with``."""
+    """As ``Client``, with ``await`` (and ``async for`` over ``ask``, ``generate``, ``follow``
+    and ``follow_job``); close it with ``aclose()`` or ``async with``."""
 
     def __init__(
         self,
@@ -95,9 +98,13 @@ class AsyncClient:
         return call.parse(response)
 
     def _stream(
-        self, start: calls.StreamStart | None, stream_id: str | None, after: int
+        self,
+        start: calls.StreamStart | None,
+        stream_id: str | None,
+        after: int,
+        events_path: str | None = None,
     ) -> AsyncEventStream:
-        resumer = Resumer(stream_id, after, self.retry, self.on_reconnect)
+        resumer = Resumer(stream_id, after, self.retry, self.on_reconnect, events_path)
         return AsyncEventStream(self._http, start, resumer)
 
     # -- health --------------------------------------------------------------------------------
@@ -211,10 +218,55 @@ class AsyncClient:
         """Stop the stream on the server (waits for its ``done``, up to 10 s there)."""
         return await self._send(calls.cancel(stream_id))
 
+    async def list_conversations(
+        self, *, limit: int = 20, before: str | None = None
+    ) -> ConversationList:
+        """The caller's conversations, newest first; ``before=page.next_before`` pages on."""
+        return await self._send(calls.list_conversations(limit, before))
+
     async def conversation(self, conversation_id: str) -> ConversationOut:
         return await self._send(calls.conversation(conversation_id))
 
-    # -- usage and models ----------------------------------------------------------------------
+    # -- long-document jobs --------------------------------------------------------------------
+
+    async def create_job(self, kb: str, title: str, **options: Unpack[JobOptions]) -> JobOut:
+        """Start writing a document in the background (an ``outline`` of headings, or
+        ``sections`` for the model to plan); ``follow_job`` shows it being written."""
+        return await self._send(calls.create_job(kb, title, options))
+
+    async def list_jobs(self, *, limit: int = 20, before: str | None = None) -> JobList:
+        """The caller's jobs, newest first; ``before=page.next_before`` pages on."""
+        return await self._send(calls.list_jobs(limit, before))
+
+    async def get_job(self, job_id: str) -> JobOut:
+        """Status and progress."""
+        return await self._send(calls.get_job(job_id))
+
+    def follow_job(self, job_id: str, *, after: int | None = None) -> AsyncEventStream:
+        """The job's events after event ``after`` (None: from its first): ``stream``, ``job``,
+        ``outline``, then per section ``section``, ``citation``s, ``token``s (with their
+        ``section``) and ``section_done``; ``done`` or ``error`` last. Resumed as ``follow``."""
+        path = calls.job_events_path(job_id)
+        return self._stream(None, None, -1 if after is None else after, path)
+
+    async def job_result(self, job_id: str) -> JobResult:
+        """The document so far: its sections and numbered sources (``complete`` once every
+        section is written)."""
+        return await self._send(calls.job_result(job_id))
+
+    async def job_markdown(self, job_id: str) -> str:
+        """The document so far as Markdown, ending with its Sources list."""
+        return await self._send(calls.job_markdown(job_id))
+
+    async def cancel_job(self, job_id: str) -> JobOut:
+        """Stop the job; the sections written so far stay (a no-op once it has ended)."""
+        return await self._send(calls.cancel_job(job_id))
+
+    async def delete_job(self, job_id: str) -> None:
+        """Delete the job and its sections (cancelled first if it still runs)."""
+        await self._send(calls.delete_job(job_id))
+
+    # -- usage, models and metrics -------------------------------------------------------------
 
     async def usage(self, start: datetime | None = None, end: datetime | None = None) -> UsageOut:
         """Requests and tokens of the caller's streams that ended in ``[start, end)``."""
@@ -225,3 +277,7 @@ class AsyncClient:
 
     async def model(self, model_id: str) -> ModelCard:
         return await self._send(calls.model(model_id))
+
+    async def metrics(self) -> str:
+        """``/metrics``: the Prometheus text format (parse it with ``prometheus_client``)."""
+        return await self._send(calls.metrics())

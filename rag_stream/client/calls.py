@@ -17,9 +17,11 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
-from rag_stream.client.options import AnswerOptions, GenerateOptions
+from rag_stream.client.options import AnswerOptions, GenerateOptions, JobOptions
 from rag_stream.schemas.answers import AnswerResponse, ConversationOut
+from rag_stream.schemas.conversations import ConversationList
 from rag_stream.schemas.generate import GenerateResponse
+from rag_stream.schemas.jobs import JobList, JobOut, JobResult
 from rag_stream.schemas.kbs import (
     ChunkDetail,
     DocumentDetail,
@@ -84,6 +86,10 @@ def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
 
 def _nothing(_: httpx.Response) -> None:
     return None
+
+
+def _page(limit: int, before: str | None) -> dict[str, str | int | bool]:
+    return {"limit": limit, **({"before": before} if before is not None else {})}
 
 
 def _jsonable(fields: Mapping[str, object]) -> dict[str, Any]:
@@ -238,11 +244,56 @@ def stream_events_path(stream_id: str) -> str:
     return f"/v1/streams/{_seg(stream_id)}/events"
 
 
+def list_conversations(limit: int, before: str | None) -> Call[ConversationList]:
+    return Call("GET", "/v1/conversations", _model(ConversationList), params=_page(limit, before))
+
+
 def conversation(conversation_id: str) -> Call[ConversationOut]:
     return Call("GET", f"/v1/conversations/{_seg(conversation_id)}", _model(ConversationOut))
 
 
-# -- usage and models ------------------------------------------------------------------------
+# -- long-document jobs ----------------------------------------------------------------------
+
+
+def create_job(kb: str, title: str, options: JobOptions) -> Call[JobOut]:
+    body = _jsonable({"kb": kb, "title": title, **options})
+    return Call("POST", "/v1/jobs", _model(JobOut), json=body)
+
+
+def list_jobs(limit: int, before: str | None) -> Call[JobList]:
+    return Call("GET", "/v1/jobs", _model(JobList), params=_page(limit, before))
+
+
+def _job(job_id: str) -> str:
+    return f"/v1/jobs/{_seg(job_id)}"
+
+
+def get_job(job_id: str) -> Call[JobOut]:
+    return Call("GET", _job(job_id), _model(JobOut))
+
+
+def job_result(job_id: str) -> Call[JobResult]:
+    params = {"format": "json"}
+    return Call("GET", f"{_job(job_id)}/result", _model(JobResult), params=params)
+
+
+def job_markdown(job_id: str) -> Call[str]:
+    return Call("GET", f"{_job(job_id)}/result", lambda r: r.text)
+
+
+def cancel_job(job_id: str) -> Call[JobOut]:
+    return Call("POST", f"{_job(job_id)}/cancel", _model(JobOut))
+
+
+def delete_job(job_id: str) -> Call[None]:
+    return Call("DELETE", _job(job_id), _nothing)
+
+
+def job_events_path(job_id: str) -> str:
+    return f"{_job(job_id)}/events"
+
+
+# -- usage, models and metrics ---------------------------------------------------------------
 
 
 def usage(start: datetime | None, end: datetime | None) -> Call[UsageOut]:
@@ -256,3 +307,7 @@ def models() -> Call[ModelList]:
 
 def model(model_id: str) -> Call[ModelCard]:
     return Call("GET", f"/v1/models/{_seg(model_id)}", _model(ModelCard))
+
+
+def metrics() -> Call[str]:
+    return Call("GET", "/metrics", lambda r: r.text)

@@ -86,3 +86,17 @@ class GenerateOptions(TypedDict, total=False):
     chat: bool
     coalesce: Coalesce | Literal["auto"]
     priority: Literal["interactive", "batch"]
+
+
+class JobOptions(TypedDict, total=False):
+    """The optional fields of POST /v1/jobs (``schemas/jobs.py``): ``outline`` (the section
+    headings) or ``sections`` (how many for the model to plan)."""
+
+    outline: list[str]
+    sections: int
+    instructions: str
+    section_tokens: int
+    top_k: int
+    mode: SearchMode
+    temperature: float
+    seed: int

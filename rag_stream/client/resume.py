@@ -4,7 +4,8 @@ whether a failure is worth another connection.
 The sync and async event streams run the same loop around a ``Resumer``: open the request it
 names, hand it the response and then every SSE event, and on a failure ask it how long to wait
 before the next connection (or get the exception to raise). A stream is resumed from the last
-event id passed on (``Last-Event-ID``), so the caller sees ids 0, 1, 2, ... once each.
+event id passed on (``Last-Event-ID``), so the caller sees ids 0, 1, 2, ... once each: at
+``/v1/streams/{id}/events``, or at the address it was followed from (a job's events).
 
 Worth another connection: a transport error (refused, reset, timed out, cut mid-body), a body
 that ends before a terminal event, an ``error`` event without an id (a reader's own trouble,
@@ -51,10 +52,13 @@ class Resumer:
         after: int,
         retry: RetryPolicy,
         on_reconnect: OnReconnect | None,
+        events_path: str | None = None,
     ) -> None:
         self.stream_id = stream_id
         self.last_event_id = after  # -1: nothing seen yet
         self.finished = False
+        # where the events are read and resumed (None: the stream's own, once its id is known)
+        self._events_path = events_path
         self._retry = retry
         self._on_reconnect = on_reconnect
         self._failures = 0  # in a row, without a new event
@@ -63,8 +67,10 @@ class Resumer:
         """Method, path and httpx arguments of the next connection."""
         if start is not None:
             return "POST", start.path, {"json": start.body}
-        assert self.stream_id is not None  # failed() never resumes a stream without an id
         headers = {"Last-Event-ID": str(self.last_event_id)} if self.last_event_id >= 0 else {}
+        if self._events_path is not None:
+            return "GET", self._events_path, {"headers": headers}
+        assert self.stream_id is not None  # failed() never resumes a stream without an id
         return "GET", stream_events_path(self.stream_id), {"headers": headers}
 
     def opened(self, response: httpx.Response, starting: bool) -> None:
@@ -120,7 +126,8 @@ class Resumer:
 
     def failed(self, exc: Exception, starting: bool) -> float:
         """Seconds to wait before the next connection; raises when there is none to make."""
-        if self.stream_id is None and not (starting and isinstance(exc, _UNSENT)):
+        resumable = self.stream_id is not None or self._events_path is not None
+        if not resumable and not (starting and isinstance(exc, _UNSENT)):
             raise StreamInterrupted(
                 f"connection lost while starting the stream ({_describe(exc)}); it may have "
                 "started on the server, but its id never arrived"

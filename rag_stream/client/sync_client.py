@@ -16,6 +16,7 @@ from rag_stream.client.options import (
     DEFAULT_TIMEOUT,
     AnswerOptions,
     GenerateOptions,
+    JobOptions,
     OnReconnect,
     RetryPolicy,
     auth_headers,
@@ -24,7 +25,9 @@ from rag_stream.client.options import (
 from rag_stream.client.resume import Resumer
 from rag_stream.client.sync_stream import EventStream
 from rag_stream.schemas.answers import AnswerResponse, ConversationOut
+from rag_stream.schemas.conversations import ConversationList
 from rag_stream.schemas.generate import GenerateResponse
+from rag_stream.schemas.jobs import JobList, JobOut, JobResult
 from rag_stream.schemas.kbs import (
     ChunkDetail,
     DocumentDetail,
@@ -47,8 +50,9 @@ FileInput = str | PathLike[str] | tuple[str, bytes]
 class Client:
     """``url``: default ``RAG_STREAM_URL``, then http://127.0.0.1:8000; ``api_key``: default
     ``RAG_STREAM_API_KEY`` (sent as a Bearer token). Error answers raise rag-stream's typed
-    errors (``client.errors``). ``ask``, ``generate`` and ``follow`` resume a dropped stream by
-    themselves under ``retry``, calling ``on_reconnect`` before each new connection."""
+    errors (``client.errors``). ``ask``, ``generate``, ``follow`` and ``follow_job`` resume a
+    dropped stream by themselves under ``retry``, calling ``on_reconnect`` before each new
+    connection."""
 
     def __init__(
         self,
@@ -96,9 +100,13 @@ class Client:
         return call.parse(response)
 
     def _stream(
-        self, start: calls.StreamStart | None, stream_id: str | None, after: int
+        self,
+        start: calls.StreamStart | None,
+        stream_id: str | None,
+        after: int,
+        events_path: str | None = None,
     ) -> EventStream:
-        resumer = Resumer(stream_id, after, self.retry, self.on_reconnect)
+        resumer = Resumer(stream_id, after, self.retry, self.on_reconnect, events_path)
         return EventStream(self._http, start, resumer)
 
     # -- health --------------------------------------------------------------------------------
@@ -206,10 +214,53 @@ class Client:
         """Stop the stream on the server (waits for its ``done``, up to 10 s there)."""
         return self._send(calls.cancel(stream_id))
 
+    def list_conversations(self, *, limit: int = 20, before: str | None = None) -> ConversationList:
+        """The caller's conversations, newest first; ``before=page.next_before`` pages on."""
+        return self._send(calls.list_conversations(limit, before))
+
     def conversation(self, conversation_id: str) -> ConversationOut:
         return self._send(calls.conversation(conversation_id))
 
-    # -- usage and models ----------------------------------------------------------------------
+    # -- long-document jobs --------------------------------------------------------------------
+
+    def create_job(self, kb: str, title: str, **options: Unpack[JobOptions]) -> JobOut:
+        """Start writing a document in the background (an ``outline`` of headings, or
+        ``sections`` for the model to plan); ``follow_job`` shows it being written."""
+        return self._send(calls.create_job(kb, title, options))
+
+    def list_jobs(self, *, limit: int = 20, before: str | None = None) -> JobList:
+        """The caller's jobs, newest first; ``before=page.next_before`` pages on."""
+        return self._send(calls.list_jobs(limit, before))
+
+    def get_job(self, job_id: str) -> JobOut:
+        """Status and progress."""
+        return self._send(calls.get_job(job_id))
+
+    def follow_job(self, job_id: str, *, after: int | None = None) -> EventStream:
+        """The job's events after event ``after`` (None: from its first): ``stream``, ``job``,
+        ``outline``, then per section ``section``, ``citation``s, ``token``s (with their
+        ``section``) and ``section_done``; ``done`` or ``error`` last. Resumed as ``follow``."""
+        path = calls.job_events_path(job_id)
+        return self._stream(None, None, -1 if after is None else after, path)
+
+    def job_result(self, job_id: str) -> JobResult:
+        """The document so far: its sections and numbered sources (``complete`` once every
+        section is written)."""
+        return self._send(calls.job_result(job_id))
+
+    def job_markdown(self, job_id: str) -> str:
+        """The document so far as Markdown, ending with its Sources list."""
+        return self._send(calls.job_markdown(job_id))
+
+    def cancel_job(self, job_id: str) -> JobOut:
+        """Stop the job; the sections written so far stay (a no-op once it has ended)."""
+        return self._send(calls.cancel_job(job_id))
+
+    def delete_job(self, job_id: str) -> None:
+        """Delete the job and its sections (cancelled first if it still runs)."""
+        self._send(calls.delete_job(job_id))
+
+    # -- usage, models and metrics -------------------------------------------------------------
 
     def usage(self, start: datetime | None = None, end: datetime | None = None) -> UsageOut:
         """Requests and tokens of the caller's streams that ended in ``[start, end)``."""
@@ -220,3 +271,7 @@ class Client:
 
     def model(self, model_id: str) -> ModelCard:
         return self._send(calls.model(model_id))
+
+    def metrics(self) -> str:
+        """``/metrics``: the Prometheus text format (parse it with ``prometheus_client``)."""
+        return self._send(calls.metrics())

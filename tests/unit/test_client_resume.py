@@ -4,7 +4,7 @@ proxy that cuts connections, is tests/integration/test_client.py."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -13,8 +13,9 @@ from rag_stream.client import AsyncClient, Client, Reconnect, RetryPolicy, Strea
 from rag_stream.errors import InvalidRequest, NotFound
 from rag_stream.schemas.events import Done, Event, StreamStarted, Token, TransientError
 from rag_stream.streaming.sse import frame
+from tests.support.scripted_http import SID, ScriptedServer, SseBody, sse
 
-SID = "s" * 32
+SSE_HEADERS = {"content-type": "text/event-stream"}  # (no stream id)
 FAST = RetryPolicy(max_retries=3, backoff_s=0.001, max_backoff_s=0.004)
 
 
@@ -30,53 +31,10 @@ EVENTS = _events()
 TEXT = "".join(e.text for e in EVENTS if isinstance(e, Token))
 
 
-class _Body(httpx.SyncByteStream, httpx.AsyncByteStream):
-    """SSE frames, then optionally a transport error (the connection cut mid-body)."""
-
-    def __init__(self, chunks: list[bytes], fail: Exception | None = None) -> None:
-        self._chunks, self._fail = chunks, fail
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield from self._chunks
-        if self._fail is not None:
-            raise self._fail
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for chunk in self._chunks:
-            yield chunk
-        if self._fail is not None:
-            raise self._fail
-
-
-def _sse(events: list[Event], fail: Exception | None = None, extra: bytes = b"") -> httpx.Response:
-    chunks = [frame(e) for e in events] + ([extra] if extra else [])
-    headers = {"content-type": "text/event-stream", "x-stream-id": SID}
-    return httpx.Response(200, headers=headers, stream=_Body(chunks, fail))
-
-
 Handler = Callable[[httpx.Request], httpx.Response]
 
 
-class _Server:
-    """Answers requests in order from a script; records each request."""
-
-    def __init__(self, *answers: httpx.Response | Exception) -> None:
-        self._answers = list(answers)
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        answer = self._answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    @property
-    def cursors(self) -> list[str | None]:
-        return [r.headers.get("last-event-id") for r in self.requests]
-
-
-def _client(server: _Server, notices: list[Reconnect] | None = None) -> Client:
+def _client(server: ScriptedServer, notices: list[Reconnect] | None = None) -> Client:
     on_reconnect = notices.append if notices is not None else None
     transport = httpx.MockTransport(server)
     return Client("http://rag.test", retry=FAST, on_reconnect=on_reconnect, transport=transport)
@@ -89,9 +47,9 @@ def _assert_one_clean_stream(events: list[Event]) -> None:
 
 
 def test_a_connection_cut_mid_body_is_resumed_from_the_last_event() -> None:
-    server = _Server(
-        _sse(EVENTS[:3], fail=httpx.RemoteProtocolError("peer closed connection")),
-        _sse(EVENTS[3:]),
+    server = ScriptedServer(
+        sse(EVENTS[:3], fail=httpx.RemoteProtocolError("peer closed connection")),
+        sse(EVENTS[3:]),
     )
     notices: list[Reconnect] = []
     with _client(server, notices) as client:
@@ -107,7 +65,7 @@ def test_a_connection_cut_mid_body_is_resumed_from_the_last_event() -> None:
 
 
 def test_a_body_that_ends_before_the_terminal_event_is_resumed() -> None:
-    server = _Server(_sse(EVENTS[:4]), _sse(EVENTS[4:]))
+    server = ScriptedServer(sse(EVENTS[:4]), sse(EVENTS[4:]))
     with _client(server) as client:
         events = list(client.generate("p"))
     _assert_one_clean_stream(events)
@@ -117,7 +75,7 @@ def test_a_body_that_ends_before_the_terminal_event_is_resumed() -> None:
 def test_a_readers_own_error_is_not_the_end_the_stream_goes_on() -> None:
     # sent without an id (not in the log): docs/protocol.md
     transient = frame(TransientError(id=0, code="event_log_unavailable", message="redis down"))
-    server = _Server(_sse(EVENTS[:3], extra=transient), _sse(EVENTS[3:]))
+    server = ScriptedServer(sse(EVENTS[:3], extra=transient), sse(EVENTS[3:]))
     with _client(server) as client:
         events = list(client.ask("kb", "q?"))
     _assert_one_clean_stream(events)
@@ -125,14 +83,14 @@ def test_a_readers_own_error_is_not_the_end_the_stream_goes_on() -> None:
 
 
 def test_events_sent_again_after_a_resume_are_passed_on_once() -> None:
-    server = _Server(_sse(EVENTS[:4], fail=httpx.ReadError("reset")), _sse(EVENTS[1:]))
+    server = ScriptedServer(sse(EVENTS[:4], fail=httpx.ReadError("reset")), sse(EVENTS[1:]))
     with _client(server) as client:
         events = list(client.ask("kb", "q?"))
     _assert_one_clean_stream(events)
 
 
 def test_follow_starts_after_the_given_event() -> None:
-    server = _Server(_sse(EVENTS[3:]))
+    server = ScriptedServer(sse(EVENTS[3:]))
     with _client(server) as client:
         events = list(client.follow(SID, after=2))
     assert [e.id for e in events] == list(range(3, len(EVENTS)))
@@ -141,7 +99,7 @@ def test_follow_starts_after_the_given_event() -> None:
 
 def test_retries_are_bounded_and_back_off() -> None:
     refused = httpx.ConnectError("refused")
-    server = _Server(_sse(EVENTS[:3], fail=httpx.ReadError("reset")), *[refused] * 4)
+    server = ScriptedServer(sse(EVENTS[:3], fail=httpx.ReadError("reset")), *[refused] * 4)
     notices: list[Reconnect] = []
     seen: list[Event] = []
     with _client(server, notices) as client, pytest.raises(StreamInterrupted) as caught:
@@ -158,15 +116,15 @@ def test_retries_are_bounded_and_back_off() -> None:
 def test_an_event_received_starts_the_retry_count_again() -> None:
     cut = httpx.ReadError("reset")
     # four cuts in a row would exceed max_retries (3); each resume brings one event
-    answers = [_sse(EVENTS[:2], fail=cut)] + [_sse(EVENTS[i : i + 1], fail=cut) for i in (2, 3, 4)]
-    server = _Server(*answers, _sse(EVENTS[5:]))
+    answers = [sse(EVENTS[:2], fail=cut)] + [sse(EVENTS[i : i + 1], fail=cut) for i in (2, 3, 4)]
+    server = ScriptedServer(*answers, sse(EVENTS[5:]))
     with _client(server) as client:
         events = list(client.ask("kb", "q?"))
     _assert_one_clean_stream(events)
 
 
 def test_a_start_that_never_reached_the_server_is_sent_again() -> None:
-    server = _Server(httpx.ConnectError("refused"), _sse(EVENTS))
+    server = ScriptedServer(httpx.ConnectError("refused"), sse(EVENTS))
     with _client(server) as client:
         events = list(client.ask("kb", "q?"))
     _assert_one_clean_stream(events)
@@ -174,7 +132,7 @@ def test_a_start_that_never_reached_the_server_is_sent_again() -> None:
 
 
 def test_a_start_lost_after_sending_is_not_sent_twice() -> None:
-    server = _Server(httpx.ReadError("reset before the response"), _sse(EVENTS))
+    server = ScriptedServer(httpx.ReadError("reset before the response"), sse(EVENTS))
     with _client(server) as client, pytest.raises(StreamInterrupted) as caught:
         list(client.ask("kb", "q?"))
     assert len(server.requests) == 1
@@ -182,7 +140,7 @@ def test_a_start_lost_after_sending_is_not_sent_twice() -> None:
 
 
 def test_a_stream_cut_before_its_first_event_resumes_from_the_start() -> None:
-    server = _Server(_sse([], fail=httpx.ReadError("reset")), _sse(EVENTS))
+    server = ScriptedServer(sse([], fail=httpx.ReadError("reset")), sse(EVENTS))
     with _client(server) as client:
         stream = client.ask("kb", "q?")
         events = list(stream)
@@ -193,7 +151,7 @@ def test_a_stream_cut_before_its_first_event_resumes_from_the_start() -> None:
 
 def test_a_stream_gone_from_the_server_raises_not_found_at_once() -> None:
     gone = httpx.Response(404, json={"error": {"code": "not_found", "message": "unknown stream"}})
-    server = _Server(_sse(EVENTS[:3], fail=httpx.ReadError("reset")), gone)
+    server = ScriptedServer(sse(EVENTS[:3], fail=httpx.ReadError("reset")), gone)
     with _client(server) as client, pytest.raises(NotFound) as caught:
         list(client.ask("kb", "q?"))
     assert caught.value.status_code == 404 and caught.value.message == "unknown stream"
@@ -204,7 +162,7 @@ def test_a_5xx_answer_to_a_resume_is_retried() -> None:
     down = httpx.Response(
         503, json={"error": {"code": "event_log_unavailable", "message": "redis down"}}
     )
-    server = _Server(_sse(EVENTS[:3], fail=httpx.ReadError("reset")), down, _sse(EVENTS[3:]))
+    server = ScriptedServer(sse(EVENTS[:3], fail=httpx.ReadError("reset")), down, sse(EVENTS[3:]))
     notices: list[Reconnect] = []
     with _client(server, notices) as client:
         events = list(client.ask("kb", "q?"))
@@ -216,8 +174,10 @@ def test_keep_alive_blocks_and_unknown_event_types_are_skipped() -> None:
     future = b'id: 3\nevent: hologram\ndata: {"id": 3, "type": "hologram"}\n\n'
     chunks = [frame(e) for e in EVENTS[:3]] + [b": keep-alive\n\n", future]
     chunks += [frame(e.model_copy(update={"id": e.id + 1})) for e in EVENTS[3:]]
-    body = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Body(chunks))
-    with _client(_Server(body)) as client:
+    body = httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, stream=SseBody(chunks)
+    )
+    with _client(ScriptedServer(body)) as client:
         events = list(client.ask("kb", "q?"))
     assert [e.id for e in events] == [0, 1, 2, *range(4, len(EVENTS) + 1)]
     assert isinstance(events[-1], Done)
@@ -225,18 +185,20 @@ def test_keep_alive_blocks_and_unknown_event_types_are_skipped() -> None:
 
 def test_following_a_chat_completions_stream_says_what_to_use_instead() -> None:
     chunk = b'id: 0\ndata: {"id": "chatcmpl-x", "object": "chat.completion.chunk"}\n\n'
-    body = httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Body([chunk]))
-    server = _Server(body)
+    body = httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, stream=SseBody([chunk])
+    )
+    server = ScriptedServer(body)
     with _client(server) as client, pytest.raises(InvalidRequest, match="OpenAI client"):
         list(client.follow(SID))
     assert len(server.requests) == 1  # not retried
 
 
 async def test_the_async_client_resumes_the_same_way() -> None:
-    server = _Server(
-        _sse(EVENTS[:3], fail=httpx.RemoteProtocolError("peer closed connection")),
+    server = ScriptedServer(
+        sse(EVENTS[:3], fail=httpx.RemoteProtocolError("peer closed connection")),
         httpx.ConnectError("refused"),
-        _sse(EVENTS[3:]),
+        sse(EVENTS[3:]),
     )
     notices: list[Reconnect] = []
     transport = httpx.MockTransport(server)
