@@ -9,15 +9,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from rag_stream.prepare import make_tiny_model
 from rag_stream.settings import DEFAULT_EMBEDDER_DIRNAME, DEFAULT_LLM_DIRNAME
 from tests.support.cluster import Cluster
+from tests.support.jobs_pair import JobsPair, start_jobs_pair
 from tests.support.kv_engines import KvEngines, start_kv_engines, wanted_engines
+from tests.support.redis_keys import drop_keys
 from tests.support.server import ROOT, ServerProcess
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# A Qdrant server for the store tests (backend "server" in tests/support/kb_stack.py), each on a
+# collection of its own. Left in place, every other setting and server process of the run
+# would read it too and share the server's one collection.
+if "RAG_STREAM_QDRANT_URL" in os.environ:
+    os.environ["TEST_QDRANT_URL"] = os.environ.pop("RAG_STREAM_QDRANT_URL")
 POSTGRES_URL = os.environ.get(
     "TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 )
@@ -114,46 +120,79 @@ def used_by_this_run(request: pytest.FixtureRequest, fixture: str) -> bool:
     return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
 
 
+# A session's shared processes hold a few GB each (an engine ~3-4 GB with its core and worker)
+# and the machine has 24: each stops once the last test of this run that uses it has run, not
+# at the end of the session. Its fixture's own teardown still runs then (stopping is idempotent).
+_RELEASES = pytest.StashKey[dict[str, Callable[[], object]]]()
+
+
+def release_after_last_user(
+    request: pytest.FixtureRequest, fixture: str, stop: Callable[[], object]
+) -> None:
+    """Call ``stop`` after the last test of this run whose fixtures include ``fixture``."""
+    request.config.stash.setdefault(_RELEASES, {})[fixture] = stop
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    releases = item.config.stash.get(_RELEASES, {})
+    if not releases:
+        return
+    items = item.session.items
+    later = items[items.index(item) + 1 :] if nextitem is not None else []
+    for fixture in list(releases):
+        if not any(fixture in getattr(later_item, "fixturenames", ()) for later_item in later):
+            releases.pop(fixture)()
+
+
 @pytest.fixture(scope="session")
-def tiny_server(
+def tiny_server_start(
     request: pytest.FixtureRequest, server_factory: ServerFactory, tiny_model: Path
 ) -> Iterator[ServerProcess]:
+    """``tiny_server``, started but not waited for (``START_AHEAD``)."""
+    server = server_factory(
+        wait=False,
+        RAG_STREAM_MODEL=str(tiny_model),
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        RAG_STREAM_KV__ENABLED="true",
+        RAG_STREAM_KV__KEY_PREFIX=TINY_KV_PREFIX,
+    )
+
+    def stop() -> None:
+        server.stop()  # no more saves: then its blocks can go
+        drop_keys(REDIS_URL, TINY_KV_PREFIX)
+
+    release_after_last_user(request, "tiny_server_start", stop)
+    yield server
+    stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_server_start: ServerProcess) -> ServerProcess:
     """One server on the tiny model and the real local Redis, shared by protocol tests.
 
     KV snapshots are on, so that the test of that wiring (test_kv_server.py) needs no engine
     start of its own (half a minute or more here). The connector changes no stream: this
     server only loads blocks it saved itself, and restored KV gives the tokens recomputed KV
     gives (test_kv_restore.py)."""
-    if used_by_this_run(request, "default_server"):
-        request.getfixturevalue("default_server_start")  # both engines start at once
-    server = server_factory(
-        RAG_STREAM_MODEL=str(tiny_model),
-        RAG_STREAM_REDIS_URL=REDIS_URL,
-        RAG_STREAM_KV__ENABLED="true",
-        RAG_STREAM_KV__KEY_PREFIX=TINY_KV_PREFIX,
-    )
-    yield server
-    server.stop()  # no more saves: then its blocks can go
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        for key in client.scan_iter(f"{TINY_KV_PREFIX}:*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
+    tiny_server_start.wait_ready()
+    return tiny_server_start
 
 
 STUB_DELAY_S = 0.005  # 200 tokens a second on any machine
 
 
 @pytest.fixture(scope="session")
-def stub_server(server_factory: ServerFactory) -> ServerProcess:
+def stub_server(request: pytest.FixtureRequest, server_factory: ServerFactory) -> ServerProcess:
     """The real service on the paced stub engine and the real local Redis: for protocol tests
     whose point is timing (a stream still running when the client leaves, say)."""
-    return server_factory(
+    server = server_factory(
         stub_delay_s=STUB_DELAY_S,
         RAG_STREAM_REDIS_URL=REDIS_URL,
         RAG_STREAM_LIMITS__MAX_TOKENS="4000",
     )
+    release_after_last_user(request, "stub_server", server.stop)
+    return server
 
 
 @pytest.fixture(scope="session")
@@ -165,10 +204,9 @@ def default_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def default_server_start(server_factory: ServerFactory, default_data_dir: Path) -> ServerProcess:
     """The default-profile server, started but not waited for; ``default_server`` has it.
 
-    ``tiny_server`` starts it alongside itself, early in a run: a vLLM start is mostly one busy
-    core at a time, so on two cores the two are ready sooner together than one after the other
-    (77 s against 102 s, measured), and this one is ready, its sample KB ingested, when its
-    module comes."""
+    Started a few modules ahead of its own (``START_AHEAD``): a vLLM start is mostly one busy
+    core at a time, and those modules mostly wait on stub servers, so it is ready, its sample
+    KB ingested, when its module comes."""
     return server_factory(wait=False, RAG_STREAM_PROFILE="default", data_dir=default_data_dir)
 
 
@@ -182,26 +220,69 @@ def default_server(default_server_start: ServerProcess) -> Iterator[ServerProces
 
 @pytest.fixture(scope="session")
 def takeover_servers_start(
-    server_factory: ServerFactory, smollm2_path: Path
+    request: pytest.FixtureRequest, server_factory: ServerFactory, smollm2_path: Path
 ) -> tuple[ServerProcess, ServerProcess]:
     """test_takeover.py's survivor and victim (SmolLM2, the real Redis), started, not waited for.
 
     Neither takes over another test's stream meanwhile: a process continues only streams of
-    its own model."""
+    its own model, and ``smollm2_server`` has stopped by then (its last user comes before)."""
     env = {"RAG_STREAM_MODEL": str(smollm2_path), "RAG_STREAM_REDIS_URL": REDIS_URL}
-    return server_factory(wait=False, **env), server_factory(wait=False, **env)
+    pair = server_factory(wait=False, **env), server_factory(wait=False, **env)
+
+    def stop() -> None:
+        for server in pair:
+            server.stop()
+
+    release_after_last_user(request, "takeover_servers_start", stop)
+    return pair
 
 
 @pytest.fixture(scope="session")
-def smollm2_server(
-    takeover_servers_start: tuple[ServerProcess, ServerProcess],
+def jobs_servers_start(
+    request: pytest.FixtureRequest,
+    server_factory: ServerFactory,
+    tmp_path_factory: pytest.TempPathFactory,
+    models_dir: Path,
+) -> Iterator[JobsPair]:
+    """test_jobs.py's two servers (tests/support/jobs_pair.py), started, not waited for."""
+    from tests.support.pg import postgres_database  # (it imports this module)
+
+    dirs = (
+        tmp_path_factory.mktemp("job-docs"),
+        tmp_path_factory.mktemp("job-data"),
+        tmp_path_factory.mktemp("job-data"),
+    )
+    databases = postgres_database("rag_stream_jobs")
+    db = next(databases)
+    pair = start_jobs_pair(server_factory, dirs, models_dir, REDIS_URL, SESSION_PREFIX, db)
+
+    def close() -> None:
+        pair.close()
+        next(databases, None)  # the database goes after its servers
+
+    release_after_last_user(request, "jobs_servers_start", close)
+    yield pair
+    close()
+
+
+@pytest.fixture(scope="session")
+def smollm2_server_start(
+    request: pytest.FixtureRequest, server_factory: ServerFactory, smollm2_path: Path
 ) -> ServerProcess:
+    """``smollm2_server``, started but not waited for (``START_AHEAD``)."""
+    server = server_factory(
+        wait=False, RAG_STREAM_MODEL=str(smollm2_path), RAG_STREAM_REDIS_URL=REDIS_URL
+    )
+    release_after_last_user(request, "smollm2_server_start", server.stop)
+    return server
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(smollm2_server_start: ServerProcess) -> ServerProcess:
     """A SmolLM2 server on the real Redis (test profile) for tests that only talk to it (the
-    client, the CLI): test_takeover.py's survivor, which no test kills. One engine less to
-    start and hold."""
-    survivor = takeover_servers_start[0]
-    survivor.wait_ready()
-    return survivor
+    client, the CLI, the cluster's reference), or take over from a server they kill."""
+    smollm2_server_start.wait_ready()
+    return smollm2_server_start
 
 
 @pytest.fixture(scope="session")
@@ -229,6 +310,7 @@ def kv_engines_start(
         if "kv_engines_start" in getattr(item, "fixturenames", ())
     )
     engines = start_kv_engines(tmp_path_factory.mktemp("kv"), tiny_model, other_tiny_model, order)
+    release_after_last_user(request, "kv_engines_start", engines.close)
     yield engines
     engines.close()
 
@@ -237,8 +319,13 @@ def kv_engines_start(
 # two ahead): an engine start is mostly one busy core while those tests mostly wait on servers,
 # subprocesses and timers, and an idle engine costs only memory until its module comes.
 START_AHEAD = {
-    "test_ingest_service.py": "kv_engines_start",
-    "test_resume.py": "takeover_servers_start",
+    "test_admission.py": "tiny_server_start",
+    "test_answers.py": "smollm2_server_start",
+    "test_chat_completions.py": "cluster_start",
+    "test_conversation_list.py": "default_server_start",
+    "test_job_redis_faults.py": "jobs_servers_start",
+    "test_jobs_restart.py": "kv_engines_start",
+    "test_store_upkeep.py": "takeover_servers_start",
 }
 
 

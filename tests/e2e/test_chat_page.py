@@ -22,6 +22,8 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
+from rag_stream.ingest.files import collect_files
+from rag_stream.ingest.sample_kb import SAMPLE_DOCS_DIR, SAMPLE_KB_NAME
 from tests.conftest import REDIS_URL, ServerFactory
 from tests.e2e.browser import ChatPage, start_chromium, wait_for
 from tests.support.pg import postgres_database
@@ -66,7 +68,8 @@ class Site:
 
 def make_key(env: dict[str, str]) -> str:
     """A key from the real CLI, on the server's database."""
-    args = [sys.executable, "-m", "rag_stream", "keys", "create", "--tenant", "e2e"]
+    # tenant local: the sample KB's, so the page lists it next to the test's own
+    args = [sys.executable, "-m", "rag_stream", "keys", "create", "--tenant", "local"]
     out = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
@@ -86,6 +89,7 @@ def site(
             "RAG_STREAM_DATA_DIR": str(data),
             "RAG_STREAM_DATABASE_URL": database,
             "RAG_STREAM_SECURITY__REQUIRE_KEYS": "true",
+            "RAG_STREAM_INGEST__SAMPLE_KB": "true",  # docs/, ingested in the background
         }
         server = server_factory(
             data_dir=data,
@@ -121,8 +125,11 @@ def page(site: Site, browser: webdriver.Chrome) -> ChatPage:
 
 
 # Asked by the tests that interrupt an answer; greedy float32: every run gives the same text.
+# Long enough (~200 tokens, 7-12 s here) that it is still running after the interrupting test
+# has seen its first characters, checked its status and acted, on a loaded machine too.
 QUESTION = "Who lived at the Skerry lighthouse, and how long did they stay?"
-MAX_TOKENS = 100
+MAX_TOKENS = 200
+FIRST_CHARS = 5
 
 
 def reference_answer(site: Site, question: str, max_tokens: int) -> str:
@@ -161,6 +168,34 @@ def test_without_a_key_the_page_asks_for_one(site: Site, browser: webdriver.Chro
     browser.refresh()  # kept in the browser
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#kb option"), 30, "the KBs again")
     assert page.el("#api-key").get_attribute("value") == site.key
+
+
+def test_the_sample_kb_answers_with_its_sources_first(site: Site, page: ChatPage) -> None:
+    """What a newcomer finds after ``make run``: the project's own docs/ as KB "docs"."""
+    expected = len(collect_files([SAMPLE_DOCS_DIR])[0])
+
+    def titles() -> set[str] | None:
+        with site.http() as http:
+            r = http.get(f"/v1/kbs/{SAMPLE_KB_NAME}/documents", params={"limit": 200})
+        done = r.status_code == 200 and r.json()["total"] >= expected
+        return {d["title"] for d in r.json()["data"]} if done else None
+
+    sample_titles = wait_for(titles, 600, "the sample KB ingested")
+    page.open(site.key)  # its KB list again, now with "docs" in it
+    page.choose_kb(SAMPLE_KB_NAME)
+    page.set_max_tokens(24)
+    turn = page.ask("How does a client resume a stream after its connection drops?")
+    page.wait_ended(turn)
+    page.screenshot("0-sample-kb")
+
+    order = page.seen()["order"]
+    first_text = next(i for i, step in enumerate(order) if step["text"] > 0)
+    assert any(step["cards"] > 0 and step["text"] == 0 for step in order[:first_text]), order
+    cards = turn.find_elements(By.CSS_SELECTOR, ".card")
+    assert cards
+    for card in cards:  # each card is one of the sample KB's documents
+        assert any(title in card.text for title in sample_titles), card.text
+    assert page.answer_text(turn)
 
 
 def test_sources_appear_before_the_answer(site: Site, page: ChatPage) -> None:
@@ -256,7 +291,7 @@ def test_a_dropped_connection_resumes_with_the_same_text(site: Site, page: ChatP
     expected = reference_answer(site, QUESTION, MAX_TOKENS)
     page.set_max_tokens(MAX_TOKENS)
     turn = page.ask(QUESTION)
-    before_drop = page.wait_text(turn, 15)
+    before_drop = page.wait_text(turn, FIRST_CHARS)
     with site.http() as http:
         status = http.get(f"/v1/streams/{turn.get_attribute('data-stream-id')}").json()
     assert status["status"] == "running"  # the drop comes mid-answer
@@ -279,7 +314,7 @@ def test_a_reload_offers_to_resume_the_running_answer(site: Site, page: ChatPage
     expected = reference_answer(site, QUESTION, MAX_TOKENS)
     page.set_max_tokens(MAX_TOKENS)
     turn = page.ask(QUESTION)
-    shown = page.wait_text(turn, 15)
+    shown = page.wait_text(turn, FIRST_CHARS)
     page.driver.refresh()
     wait_for(lambda: page.el("#resume-banner").is_displayed(), 30, "the resume offer")
     assert "still being written" in page.el("#resume-text").text
@@ -347,6 +382,88 @@ import("/static/sse.js").then(({ SseDecoder }) => {
   done({ cuts, bytewise });
 }, (err) => done({ error: String(err) }));
 """
+
+
+MARKER_CHECK = """
+const done = arguments[arguments.length - 1];
+import("/static/render.js").then(({ Turn }) => {
+  const box = document.createElement("div");
+  document.body.append(box);
+  let flushes = 0;
+  const turn = new Turn(box, "q", { onFlush: () => flushes++ });
+  const cite = (n) => ({ type: "citation", id: n - 1, n, chunk_id: `c${n}`, document_id: "d",
+    title: `T${n}`, heading: "", snippet: "s", offsets: [0, 1], score: 1 });
+  turn.apply(cite(1));
+  turn.apply(cite(2));
+  let id = 2;
+  // one event a character: "[1]" and "[2]" arrive in pieces; there is no source 9
+  for (const ch of "Built in 1872 [1] and lit [2], not [9].") {
+    turn.apply({ type: "token", id: id++, text: ch });
+  }
+  requestAnimationFrame(() => requestAnimationFrame(() => {
+    const links = [...turn.answer.querySelectorAll("a.marker")].map((a) => {
+      const card = document.getElementById(a.getAttribute("href").slice(1));
+      return [a.textContent, card ? card.querySelector(".title").textContent : null];
+    });
+    const shown = turn.answer.textContent;
+    box.remove();
+    done({ flushes, links, shown });
+  }));
+}, (err) => done({ error: String(err) }));
+"""
+
+
+def test_markers_link_to_their_cards_and_a_burst_of_tokens_is_drawn_once(page: ChatPage) -> None:
+    """The page's own renderer: each [n] naming a source becomes a link to that source's card
+    (a marker split across events too); 41 events applied at once cost one redraw."""
+    result = page.driver.execute_async_script(MARKER_CHECK)
+    assert "error" not in result, result
+    assert result["links"] == [["[1]", "T1"], ["[2]", "T2"]]  # [9] names no source: plain text
+    assert result["shown"] == "Built in 1872 [1] and lit [2], not [9]."
+    assert result["flushes"] == 1
+
+
+# Text against its own background, as the browser computes both (WCAG's contrast ratio).
+CONTRAST_CHECK = """
+const rgb = (c) => c.match(/[\\d.]+/g).slice(0, 3).map(Number);
+const lum = ([r, g, b]) => {
+  const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+  return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+};
+const background = (el) => {
+  for (let e = el; e; e = e.parentElement) {
+    const c = getComputedStyle(e).backgroundColor;
+    if (c && !c.startsWith("rgba(0, 0, 0, 0)") && c !== "transparent") return c;
+  }
+  return "rgb(255, 255, 255)";
+};
+const out = [];
+const texts = "label, button, .question, .answer, .card, .stats, h1, h2, p";
+for (const el of document.querySelectorAll(texts)) {
+  if (!el.offsetParent || !el.textContent.trim()) continue;
+  const a = lum(rgb(getComputedStyle(el).color)), b = lum(rgb(background(el)));
+  out.push([el.tagName + "." + el.className, (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)]);
+}
+return out;
+"""
+
+
+def test_every_control_is_labelled_and_text_is_readable(site: Site, page: ChatPage) -> None:
+    page.set_max_tokens(16)
+    page.wait_ended(page.ask("When was the Skerry lighthouse built?"))  # cards, answer, stats
+    unnamed = page.driver.execute_script(
+        """return [...document.querySelectorAll("input, select, textarea, button")]
+          .filter((c) => c.type !== "hidden")
+          .filter((c) => !(c.labels && c.labels.length) && !c.getAttribute("aria-label")
+            && !c.getAttribute("aria-labelledby") && !(c.tagName === "BUTTON"
+            && c.textContent.trim()))
+          .map((c) => c.outerHTML.slice(0, 80));"""
+    )
+    assert unnamed == []
+    ratios = page.driver.execute_script(CONTRAST_CHECK)
+    assert len(ratios) > 10
+    low = [(what, round(r, 2)) for what, r in ratios if r < 4.5]  # WCAG AA, normal text
+    assert low == []
 
 
 def test_chinese_renders_without_garbage(site: Site, page: ChatPage) -> None:

@@ -6,7 +6,7 @@ through the other API process; a replica killed under a stream, or the API proce
 it, does not end it, and the text is the uninterrupted one; with every replica down a process
 says so and refuses new streams instead of failing them.
 
-The tests run in order: a replica dies in the fourth, an API process in the fifth."""
+The tests run in order: a replica dies in the fifth, an API process in the sixth."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ pytestmark = pytest.mark.engine
 STORY = {
     "prompt": "Write a long story about a lighthouse keeper who finds a map in a bottle.",
     "chat": True,
-    "max_tokens": 160,
+    # enough to be mid-stream when a test kills something after 10 tokens: the replicas decode
+    # at a few tokens a second here, with the suite's other engines on the same 2 cores
+    "max_tokens": 64,
 }
 # Over two KV blocks (128 tokens each): the replica that takes over loads them from Redis.
 LONG = {
@@ -41,10 +43,11 @@ LONG = {
         + " Write the next day's notes in the same style, then a long story about that day."
     ),
     "chat": True,
-    "max_tokens": 120,
+    "max_tokens": 48,
 }
 RUNNING = "vllm:num_requests_running"
 DONE = "vllm:request_success_total"
+GENERATED = "vllm:generation_tokens_total"
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +115,15 @@ def test_replicas_stream_what_the_in_process_engine_streams(
     ]
 
 
+def test_an_api_process_refuses_to_start_on_servers_serving_another_model(
+    cluster: Cluster,
+) -> None:
+    """Checked at start against each server's /v1/models: one line naming what it serves."""
+    with pytest.raises(RuntimeError) as refused:
+        cluster.add_api(RAG_STREAM_SERVED_MODEL_NAME="not-the-served-model")
+    assert "serves SmolLM2-135M-Instruct, not not-the-served-model" in str(refused.value)
+
+
 def test_a_conversation_stays_on_one_replica_and_hits_its_prefix_cache(
     cluster: Cluster,
 ) -> None:
@@ -144,10 +156,10 @@ def test_a_conversation_stays_on_one_replica_and_hits_its_prefix_cache(
 
 def test_a_stream_started_on_one_api_process_resumes_on_the_other(cluster: Cluster) -> None:
     first, second = cluster.apis
-    reference = _generate(first.url, {**STORY, "max_tokens": 80})
+    reference = _generate(first.url, {**STORY, "max_tokens": 48})
     with httpx.Client(base_url=first.url, timeout=300) as client:
         head = read_stream(
-            client, "POST", "/v1/generate", json=STORY | {"max_tokens": 80}, stop_after=8
+            client, "POST", "/v1/generate", json=STORY | {"max_tokens": 48}, stop_after=8
         )
     assert head[-1].event == "token"  # left mid-answer
     sid = head[0].data["stream_id"]
@@ -158,6 +170,29 @@ def test_a_stream_started_on_one_api_process_resumes_on_the_other(cluster: Clust
     frames = head + rest
     _one_stream(frames)
     assert text_of(frames) == text_of(reference)
+
+
+def test_a_cancelled_stream_aborts_its_request_on_the_replica(cluster: Cluster) -> None:
+    api = cluster.apis[0].url
+    generated = sum(r.metric(GENERATED) for r in cluster.replicas)
+    reader = _Reader(api, {**STORY, "max_tokens": 400})
+    reader.wait_for_tokens(3)
+    serving = _serving(cluster.replicas)
+    sid = reader.frames[0].data["stream_id"]
+    r = httpx.post(f"{api}/v1/streams/{sid}/cancel", timeout=30)
+    assert r.status_code == 200, r.text
+    frames = reader.join()
+    _one_stream(frames)
+    assert frames[-1].data["finish_reason"] == "cancelled"
+    streamed = sum(len(f.data["token_ids"]) for f in frames if f.event == "token")
+    deadline = time.monotonic() + 15
+    while serving.metric(RUNNING) > 0:  # the replica let the request go...
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(1)
+    # ... having generated about what was streamed, not the story's 64 tokens or more: aborted
+    extra = sum(r.metric(GENERATED) for r in cluster.replicas) - generated - streamed
+    assert 0 <= extra <= 16, (streamed, extra)
 
 
 def test_a_replica_killed_mid_stream_the_stream_finishes_on_the_other_with_its_kv_restored(

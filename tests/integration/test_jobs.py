@@ -1,5 +1,8 @@
 """Long-document jobs end to end: real SmolLM2 (float32, greedy), real Redis and PostgreSQL,
-two server processes sharing both (the victim is killed with -9 mid-section)."""
+two server processes sharing both, with KV snapshots on: their engines save KV blocks to Redis
+and load them from it. The last test kills the victim with -9 mid-section; the survivor
+continues the section from its logged token ids on the blocks the dead one saved, loaded from
+Redis rather than recomputed, and the document is the one an uninterrupted run writes."""
 
 from __future__ import annotations
 
@@ -15,29 +18,21 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REDIS_URL, SESSION_PREFIX, ServerFactory
-from tests.support.pg import postgres_database
+from rag_stream.kv.store import stats_key
+from tests.conftest import REDIS_URL, SESSION_PREFIX
+from tests.support.jobs_pair import KB, JobsPair, kv_prefix
+from tests.support.kv_engines import settle
+from tests.support.kv_metrics import kv_counters, settled_kv_counters
 from tests.support.proxy import TcpProxy
+from tests.support.redis_keys import drop_keys
 from tests.support.server import ROOT, ServerProcess
 from tests.support.sse import Frame, read_stream
 
 pytestmark = pytest.mark.engine
 
-KB = "lore"
-DOCS = {
-    "skerry.md": "# The Skerry lighthouse\n\nThe Skerry lighthouse was built in 1872 on a granite "
-    "reef off the coast of Vell. Its lamp burned whale oil until 1905, then paraffin.\n\n"
-    "## Keepers\n\nThree keepers lived at Skerry in rotation: two on the rock, one ashore. "
-    "Each shift lasted six weeks, and supplies came by boat every fortnight.\n",
-    "zorblat.md": "# The Zorblat river\n\nThe Zorblat river flows through the town of Quimby "
-    "before reaching the sea at Vell. Its delta is home to grey herons and otters.\n\n"
-    "## Floods\n\nThe great flood of 1931 drowned the lower town; the dykes were raised by "
-    "two metres in 1934.\n",
-    "quimby.md": "# Quimby\n\nQuimby is a market town of eight thousand people. Its harbour "
-    "ships slate and wool, and its fair is held every September on the river meadow.\n",
-}
 OUTLINE = ["The Skerry lighthouse", "The Zorblat river and its floods", "The town of Quimby"]
 JOB = {
     "kb": KB,
@@ -47,6 +42,9 @@ JOB = {
     "section_tokens": 60,
     "top_k": 2,
 }
+KV_PREFIX = kv_prefix(SESSION_PREFIX)
+BLOCK = 128  # vLLM's KV block on the CPU backend, as in test_kv_restore.py
+SECTION_TOKENS = 72  # the kill test's sections: room to kill past a generated KV block
 
 
 @dataclass
@@ -55,60 +53,15 @@ class Servers:
     victim: ServerProcess
 
 
-def _cli(env: dict[str, str], *args: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "rag_stream", *args],
-        env={**os.environ, **env},
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-
-
 @pytest.fixture(scope="module")
-def servers(
-    server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactory, models_dir: Path
-) -> Iterator[Servers]:
-    """Two SmolLM2 servers on one Redis and one PostgreSQL database; the KB is ingested once
-    (SQL + the victim's vector store) and the survivor's vector store rebuilt from SQL."""
-    databases = postgres_database("rag_stream_jobs")
-    db = next(databases)
-    docs = tmp_path_factory.mktemp("job-docs")
-    for name, text in DOCS.items():
-        (docs / name).write_text(text)
-    dirs = [tmp_path_factory.mktemp("job-data"), tmp_path_factory.mktemp("job-data")]
-    base = {
-        "RAG_STREAM_PROFILE": "test",
-        "RAG_STREAM_MODELS_DIR": str(models_dir),
-        "RAG_STREAM_DATABASE_URL": db,
-    }
-    _cli({**base, "RAG_STREAM_DATA_DIR": str(dirs[0])}, "ingest", str(docs), "--kb", KB)
-    _cli({**base, "RAG_STREAM_DATA_DIR": str(dirs[1])}, "reindex", "--no-progress")
-    env = {
-        "RAG_STREAM_REDIS_URL": REDIS_URL,
-        # Redis keys of their own: the session's other SmolLM2 servers (the takeover pair, alive
-        # from test_ask_cli to test_takeover) share the Redis but not this database or KB, and
-        # their sweepers would otherwise race these two for the killed job's stream (the one
-        # that won wrote sections from its own store: section 2 differed, in CI and here)
-        "RAG_STREAM_STREAMING__KEY_PREFIX": f"{SESSION_PREFIX}-jobs",
-        "RAG_STREAM_DATABASE_URL": db,
-        # The kill test's reference job runs on the survivor first, so with the cache the
-        # takeover's later sections would hit the reference's prompts: another kernel path,
-        # whose float32 rounding can flip a near-tied greedy choice. Without it both runs
-        # compute every prompt alike; what the test proves (the takeover continues the log
-        # exactly) does not depend on it.
-        "RAG_STREAM_ENGINE__ENABLE_PREFIX_CACHING": "false",
-    }
-    started = [server_factory(wait=False, data_dir=d, **env) for d in dirs]
+def servers(jobs_servers_start: JobsPair) -> Iterator[Servers]:
+    """Two SmolLM2 servers with KV snapshots on, sharing Redis (events and blocks) and one
+    PostgreSQL database (tests/support/jobs_pair.py)."""
     try:
-        for server in started:
-            server.wait_ready()
-        yield Servers(survivor=started[1], victim=started[0])
+        jobs_servers_start.wait_ready()
+        yield Servers(survivor=jobs_servers_start.survivor, victim=jobs_servers_start.victim)
     finally:
-        for server in started:
-            server.stop()
-        next(databases, None)
+        jobs_servers_start.close()
 
 
 def _start(server: ServerProcess, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -350,7 +303,8 @@ def test_the_cli_follows_a_job_through_a_dropped_connection_and_saves_it(
         out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     assert "resuming after event" in out + err
-    assert proxy.accepted >= 3  # create, follow, follow again
+    # create and follow on one kept-alive connection, which the proxy cut; then a new one
+    assert proxy.accepted >= 2
     assert f"job {job_id}: stop" in out
     status = subprocess.run(
         [*cli, "--url", server.url, "status", job_id], capture_output=True, text=True, check=True
@@ -426,24 +380,74 @@ def _result(server: ServerProcess, job_id: str) -> dict[str, Any]:
     return dict(r.raise_for_status().json())
 
 
-def test_kill_9_mid_section_then_another_server_finishes_the_same_document(
+def _blocks_saved() -> int:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return int(client.hget(stats_key(KV_PREFIX), "blocks_saved") or 0)
+    finally:
+        client.close()
+
+
+def _forget_blocks() -> None:
+    drop_keys(REDIS_URL, KV_PREFIX)
+
+
+def _section_ids(frames: list[Frame], index: int) -> int:
+    return sum(
+        len(f.data["token_ids"])
+        for f in frames
+        if f.event == "token" and f.data["section"] == index
+    )
+
+
+def _section_done(frames: list[Frame], index: int) -> dict[str, Any]:
+    return next(f.data for f in frames if f.event == "section_done" and f.data["index"] == index)
+
+
+def test_kill_9_mid_section_then_another_server_finishes_the_same_document_on_its_kv(
     servers: Servers,
 ) -> None:
     survivor, victim = servers.survivor, servers.victim
     # dense retrieval: the two processes' vector stores were built apart (ingest, reindex),
     # and hybrid fusion's tied scores can rank differently there (not the takeover's doing)
-    body = {**JOB, "mode": "dense"}
+    body = {**JOB, "mode": "dense", "section_tokens": SECTION_TOKENS}
     reference = _start(survivor, body)
     expected = _events(survivor, reference["id"])
+    ref_done = _section_done(expected, 1)
+    prompt = ref_done["prompt_tokens"]
+    # Kill once section 1's generated tokens have filled a KV block past its prompt and the
+    # victim's engine has saved it: the takeover then has generated KV to load, not only the
+    # prompt's. That block is complete (and queued for saving) once its last token was fed
+    # in, i.e. when the token after it comes out.
+    kill_after = (prompt // BLOCK + 1) * BLOCK - prompt + 1
+    # with 72 tokens a section, section 1's prompt is 337 tokens: killed after 48 of 72
+    assert kill_after + 16 <= SECTION_TOKENS, (
+        f"section 1's prompt ({prompt} tokens) leaves no room to kill past its next KV block: "
+        "change SECTION_TOKENS"
+    )
+    # the blocks the victim saves up to then: every block of section 0 (KV exists for all but
+    # its last token), then section 1's up to that one, less those it loads instead (the
+    # blocks its prompt shares with section 0's, as in the reference run)
+    section_0 = _section_done(expected, 0)
+    saves = (section_0["prompt_tokens"] + section_0["tokens"] - 1) // BLOCK
+    saves += prompt // BLOCK + 1 - ref_done["cached_tokens"] // BLOCK
+    # The victim's job must compute its prompts as the reference did, not load the reference's
+    # blocks from Redis (a shared prefix cache: the path the servers keep the engine's prefix
+    # cache off for), so the reference's blocks go; from here on Redis holds only the job's own.
+    settled_kv_counters(survivor)
+    _forget_blocks()
     job = _start(victim, body)
     follower = _Follower(victim, job["id"])
-    follower.wait_until(_in_section(1, 4))  # the second section is generating
+    follower.wait_until(lambda frames: _section_ids(frames, 1) >= kill_after)
+    assert settle(lambda: _blocks_saved() >= saves, 10), (_blocks_saved(), saves)
+    loaded_before = kv_counters(survivor).get("blocks_loaded", 0)
     victim.kill()  # SIGKILL to the server and its engine core
     first = follower.join()
-    # the kill landed mid-section: the last event is one of section 1's tokens, and the
-    # stream has no end yet
+    # the kill landed mid-section: section 1 had begun and not ended, its tokens well short
+    # of the section's budget (the engine request for its rest, below, is a second proof)
     assert first[-1].event == "token" and first[-1].data["section"] == 1, first[-1]
     assert not any(f.event == "section_done" and f.data["index"] == 1 for f in first)
+    assert _section_ids(first, 1) < SECTION_TOKENS - 8, _section_ids(first, 1)
     meta = httpx.get(f"{survivor.url}/v1/streams/{job['stream_id']}", timeout=30).json()
     assert meta["status"] == "running", meta
     rest = _events(survivor, job["id"], after=first[-1].id)
@@ -453,5 +457,16 @@ def test_kill_9_mid_section_then_another_server_finishes_the_same_document(
     got, want = _result(survivor, job["id"]), _result(survivor, reference["id"])
     assert got["sections"] == want["sections"]
     assert [s["chunk_id"] for s in got["sources"]] == [s["chunk_id"] for s in want["sources"]]
+    # The survivor's engine request for the rest of section 1 (its prompt plus the logged
+    # tokens) found blocks in Redis past the prompt: KV the victim computed for the tokens it
+    # generated. With the prefix cache off, every cached token is one the connector loaded;
+    # a survivor with KV snapshots off reports 0 here, and the uninterrupted run reported only
+    # the blocks section 1's prompt shares with section 0's (none with this outline).
+    done = _section_done(rest, 1)
+    assert done["prompt_tokens"] == prompt
+    assert done["cached_tokens"] > prompt // BLOCK * BLOCK, (done, ref_done)
+    assert done["cached_tokens"] > ref_done["cached_tokens"], (done, ref_done)
+    loaded = kv_counters(survivor).get("blocks_loaded", 0) - loaded_before
+    assert loaded >= done["cached_tokens"] // BLOCK
     status = httpx.get(f"{survivor.url}/v1/jobs/{job['id']}", timeout=30).json()
     assert status["status"] == "completed", status

@@ -10,7 +10,6 @@ import pytest
 
 from tests.conftest import ServerFactory
 from tests.integration.test_jobs import (
-    DOCS,
     JOB,
     OUTLINE,
     _check_document_events,
@@ -21,6 +20,7 @@ from tests.integration.test_jobs import (
     _sections,
     _start,
 )
+from tests.support.jobs_pair import DOCS
 from tests.support.kb import make_kb
 
 pytestmark = pytest.mark.engine
@@ -32,7 +32,10 @@ def test_a_job_continues_after_the_service_is_killed_and_restarted(
     data: Path = tmp_path_factory.mktemp("restart-data")
     first = server_factory(data_dir=data)  # the test profile: every store embedded
     kb = make_kb(first.url, [(name, text) for name, text in DOCS.items()], prefix="restart")
-    body = {**JOB, "kb": kb}
+    # two sections, the kill in the second: a finished section kept, the interrupted one
+    # continued (short ones: each of the two servers is a whole vLLM start already)
+    outline = OUTLINE[:2]
+    body = {**JOB, "kb": kb, "outline": outline, "section_tokens": 32}
     reference = _start(first, body)
     expected = _events(first, reference["id"])
     job = _start(first, body)
@@ -45,7 +48,7 @@ def test_a_job_continues_after_the_service_is_killed_and_restarted(
     second = server_factory(data_dir=data)
     try:
         frames = before + _events(second, job["id"], after=before[-1].id)
-        _check_document_events(frames, OUTLINE)
+        _check_document_events(frames, outline)
         assert _sections(frames) == _sections(expected)
         assert (
             _result(second, job["id"])["sections"] == _result(second, reference["id"])["sections"]

@@ -10,39 +10,15 @@ import uuid
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.kv_metrics import kv_counters, settled_kv_counters
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.engine
 
 
-def _kv(server: ServerProcess) -> dict[str, float]:
-    text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    return {
-        s.labels["stat"]: s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "rag_stream_kv"
-    }
-
-
-def _settled_kv(server: ServerProcess, timeout_s: float = 30) -> dict[str, float]:
-    """The counters once the saves of earlier requests (other tests share the server) stopped
-    landing: the connector saves in the background."""
-    deadline = time.monotonic() + timeout_s
-    last = _kv(server)
-    while True:
-        time.sleep(0.5)
-        now = _kv(server)
-        if now.get("blocks_saved", 0) == last.get("blocks_saved", 0):
-            return now
-        assert time.monotonic() < deadline, now
-        last = now
-
-
 def test_blocks_are_saved_to_redis_and_counted_on_metrics(tiny_server: ServerProcess) -> None:
-    before = _settled_kv(tiny_server)
+    before = settled_kv_counters(tiny_server)
     # > 2 KV blocks, new to this server and its Redis prefix (nothing of it is stored yet)
     prompt = (
         f"Log {uuid.uuid4().hex}. " + "The lighthouse keeper wrote in the log every night. " * 40
@@ -56,7 +32,7 @@ def test_blocks_are_saved_to_redis_and_counted_on_metrics(tiny_server: ServerPro
     assert r.json()["usage"]["prompt_tokens"] > 256
     deadline = time.monotonic() + 30  # the connector's writer thread saves in the background
     while True:
-        after = _kv(tiny_server)
+        after = kv_counters(tiny_server)
         if after.get("blocks_saved", 0) - before.get("blocks_saved", 0) >= 2:
             break
         assert time.monotonic() < deadline, after

@@ -54,6 +54,7 @@ from tests.conftest import REDIS_URL, SESSION_PREFIX, ServerFactory
 from tests.support.listener import Listener
 from tests.support.pdfs import linking_pdf
 from tests.support.pg import postgres_database
+from tests.support.redis_keys import drop_keys
 from tests.support.server import ROOT, ServerProcess
 
 PREFIX = f"{SESSION_PREFIX}-security"  # this server's keys in the shared Redis
@@ -112,7 +113,7 @@ def served(
             key_hashes={t: hashlib.sha256(k.encode()).hexdigest() for t, k in keys.items()},
         )
         server.stop()
-        _drop_redis_keys()
+        drop_keys(REDIS_URL, PREFIX)
 
 
 async def _make_keys(database: str) -> dict[str, str]:
@@ -126,15 +127,6 @@ async def _make_keys(database: str) -> dict[str, str]:
         return {**{t: k.key for t, k in made.items()}, "revoked": revoked.key}
     finally:
         await engine.dispose()
-
-
-def _drop_redis_keys() -> None:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        for key in client.scan_iter(f"{PREFIX}:*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
 
 
 def _client(served: Served, who: str | None, **headers: str) -> httpx.Client:

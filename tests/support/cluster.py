@@ -104,14 +104,16 @@ class Cluster:
     def add_api(self, **env: str) -> Node:
         """One more API process on the running engines, with ``env`` on top (a setting)."""
         port = free_port()
-        subprocess.run(
+        started = subprocess.run(
             ["bash", "scripts/cluster.sh", "start-api", str(port)],
             cwd=ROOT,
             env={**self.env, **env},
-            check=True,
             capture_output=True,
             timeout=600,
         )
+        if started.returncode != 0:
+            log = self.folder / f"api-{port}.log"
+            raise RuntimeError(f"the API process did not start:\n{log.read_text()[-4000:]}")
         node = Node(f"http://127.0.0.1:{port}", self.folder / f"api-{port}.pid")
         self.apis.append(node)
         return node

@@ -7,15 +7,16 @@ tokens: the hardest case for incremental detokenization, with no model files nee
 from __future__ import annotations
 
 import functools
+import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from rag_stream.generation.engine import Engine
+from rag_stream.generation.engine import Engine, EngineStep, Sampling
 from rag_stream.generation.stub import StubEngine
 from rag_stream.pipeline.plan import TokenPlan
 from rag_stream.pipeline.tokens import TokenOutput, token_phase
@@ -57,6 +58,29 @@ def _byte_alphabet() -> dict[int, str]:
 
 def stub_engine(**kwargs: Any) -> StubEngine:
     return StubEngine(ByteTokenizer(), **kwargs)
+
+
+class RecordingStubEngine(StubEngine):
+    """The stub engine, writing each request's sampling to a JSON-lines file as it comes (the
+    stub server's ``STUB_REQUEST_LOG``): what a test in another process can see of what
+    reached the engine."""
+
+    def __init__(self, log_path: str, **kwargs: Any) -> None:
+        super().__init__(ByteTokenizer(), **kwargs)
+        self._log_path = log_path
+
+    def generate(
+        self, request_id: str, prompt: str | Sequence[int], sampling: Sampling
+    ) -> AsyncIterator[EngineStep]:
+        line = {
+            "request_id": request_id,
+            "priority": sampling.priority,
+            "max_tokens": sampling.max_tokens,
+            "affinity": sampling.affinity,
+        }
+        with open(self._log_path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(line) + "\n")
+        return super().generate(request_id, prompt, sampling)
 
 
 @dataclass

@@ -22,7 +22,7 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from rag_stream.store.models import Base
+from rag_stream.store.models import Base, StreamRecord
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -42,6 +42,10 @@ class ProcessSample:
     children: int
     main_rss_mb: float  # the server process alone
     main_fds: int
+    # the server process's anonymous memory (RSS less its file-backed and shared pages): what
+    # it allocated. Under memory pressure the kernel drops file-backed pages (mapped libraries)
+    # and RSS falls with them; this does not (no swap here).
+    main_anon_mb: float
     # the children's RSS by role (``edge_worker``, ``parse_worker``, ``EngineCore``...), summed
     # when several share one (parse workers)
     children_rss_mb: dict[str, float] = field(default_factory=dict)
@@ -50,20 +54,21 @@ class ProcessSample:
 
 def sample_process(pid: int) -> ProcessSample:
     rss = fds = threads = 0
-    main_rss = main_fds = 0
+    main_rss = main_fds = main_anon = 0
     by_role: Counter[str] = Counter()
     count: Counter[str] = Counter()
     procs = process_tree(pid)
     for proc in procs:
         try:
             with proc.oneshot():
-                r, n, t = proc.memory_info().rss, proc.num_fds(), proc.num_threads()
+                memory = proc.memory_info()
+                r, n, t = memory.rss, proc.num_fds(), proc.num_threads()
                 role = "" if proc.pid == pid else _role(proc)
         except psutil.NoSuchProcess:
             continue  # a parse worker that just ended
         rss, fds, threads = rss + r, fds + n, threads + t
         if proc.pid == pid:
-            main_rss, main_fds = r, n
+            main_rss, main_fds, main_anon = r, n, r - memory.shared
         else:
             by_role[role] += r
             count[role] += 1
@@ -74,6 +79,7 @@ def sample_process(pid: int) -> ProcessSample:
         children=max(0, len(procs) - 1),
         main_rss_mb=round(main_rss / 2**20, 1),
         main_fds=main_fds,
+        main_anon_mb=round(main_anon / 2**20, 1),
         children_rss_mb={k: round(v / 2**20, 1) for k, v in sorted(by_role.items())},
         children_by_role=dict(sorted(count.items())),
     )
@@ -193,6 +199,21 @@ async def sql_rows(url: str) -> dict[str, int]:
                 count = await conn.execute(select(func.count()).select_from(table))
                 out[table.name] = int(count.scalar_one())
             return out
+    finally:
+        await engine.dispose()
+
+
+async def streams_missing(url: str, stream_ids: list[str]) -> list[str]:
+    """Those of ``stream_ids`` with no row in the streams table."""
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as conn:
+            found: set[str] = set()
+            for at in range(0, len(stream_ids), 1000):
+                batch = stream_ids[at : at + 1000]
+                rows = await conn.execute(select(StreamRecord.id).where(StreamRecord.id.in_(batch)))
+                found.update(rows.scalars())
+            return [sid for sid in stream_ids if sid not in found]
     finally:
         await engine.dispose()
 
