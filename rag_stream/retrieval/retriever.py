@@ -93,7 +93,13 @@ class Retriever:
             )
             async with self._sessions() as session:
                 rows = await live_chunks(session, kb_id, [h.chunk_id for h in hits])
-            live = [h for h in hits if h.chunk_id in rows]
+            # Equal scores are common in hybrid mode (RRF fuses ranks: 1st+2nd ties 2nd+1st),
+            # and the store returns them in no fixed order (it differed with and without
+            # vectors). Ties go by chunk id, so one question always gets the same sources in the
+            # same order: a takeover that searches again cites what the first run would have.
+            live = sorted(
+                (h for h in hits if h.chunk_id in rows), key=lambda h: (-h.score, h.chunk_id)
+            )
             exhausted = len(hits) < limit or limit >= _MAX_CANDIDATES
             if len(live) >= top_k or exhausted:
                 break

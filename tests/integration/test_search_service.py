@@ -3,15 +3,21 @@ metadata filters, score threshold, MMR."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from functools import partial
+from typing import Any
 
 import pytest
 
 from rag_stream.ingest.documents import DocumentDraft
 from rag_stream.ingest.parsing import parse_markdown, parse_plain
+from rag_stream.retrieval.retriever import Retriever
+from rag_stream.retrieval.vector_store import VectorHit, VectorQuery
 from rag_stream.schemas.kbs import SearchMode
 from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.store.models import Document
+from tests.support.hooked_vectors import HookedVectorStore
 
 # The fixtures come from tests/support/kb_stack.py; test arguments reuse their names.
 # ruff: noqa: F811
@@ -112,3 +118,34 @@ async def test_mmr_on_hybrid_results_keeps_the_best_and_spreads_the_rest(stack: 
     diverse = await stack.retriever.search(kb, QUERY, 4, mmr=True)
     assert diverse[0].chunk_id == plain[0].chunk_id
     assert len({h.document_id for h in diverse}) >= 3
+
+
+class _TiedStore(HookedVectorStore):
+    """The real store's hits, every score made equal and their order reversed: the worst case
+    of the ties hybrid search produces, which the store returns in no fixed order."""
+
+    async def search(
+        self,
+        kb_id: str,
+        query: VectorQuery,
+        limit: int,
+        meta_filter: Mapping[str, Any] | None = None,
+        score_threshold: float | None = None,
+        with_vectors: bool = False,
+    ) -> list[VectorHit]:
+        hits = await super().search(kb_id, query, limit, meta_filter, score_threshold, with_vectors)
+        return [replace(h, score=0.5) for h in reversed(hits)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_equal_scores_come_in_one_order_with_or_without_mmr(
+    stack: Stack, mode: SearchMode
+) -> None:
+    kb = await _energy_kb(stack)
+    tied = Retriever(stack.sessions, _TiedStore(stack.vectors), stack.embedder, sparse=stack.sparse)
+    hits = await tied.search(kb, QUERY, 5, mode=mode)
+    assert len(hits) == 5
+    assert [h.chunk_id for h in hits] == sorted(h.chunk_id for h in hits)
+    # MMR starts from the same best hit (with vectors, the store's order had differed)
+    diverse = await tied.search(kb, QUERY, 5, mode=mode, mmr=True)
+    assert diverse[0].chunk_id == hits[0].chunk_id
