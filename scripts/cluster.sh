@@ -39,7 +39,12 @@ print(transfer_config_json(load_settings()))')")
   fi
   local urls=()
   for port in "${VLLM_PORTS[@]}"; do
+    # One process per replica runs the model on one thread (rag-stream's engine.cpu_executor
+    # "uni"): vLLM's CPU default binds every replica's threads to the same first core, and its
+    # engine core spins, waiting on its worker (docs/benchmarks.md, "The CPU engine's executor").
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 \
     setsid "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name "$NAME" \
+      --distributed-executor-backend uni \
       --dtype float32 --enforce-eager --seed 0 --max-model-len 4096 \
       --kv-cache-memory-bytes $((512 << 20)) --gpu-memory-utilization 0.3 \
       --scheduling-policy priority --enable-prompt-tokens-details "${kv[@]}" --port "$port" \

@@ -8,9 +8,11 @@ needs an ``if __name__ == "__main__":`` guard.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import anyio
@@ -52,9 +54,22 @@ class VLLMEngine:
 
         def build() -> Any:
             from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
             from vllm.v1.engine.async_llm import AsyncLLM
 
             cfg = settings.engine
+            executor: dict[str, Any] = {}
+            child_env: dict[str, str] = {}
+            if current_platform.is_cpu() and cfg.cpu_executor == "uni":
+                # vLLM switches a CPU "uni" executor back to "mp" unless V1 multiprocessing is
+                # off; that variable only picks the executor here (AsyncLLM always runs its
+                # engine core in a process of its own). The core is spawned with this process's
+                # environment, so it starts with cpu_threads threads.
+                executor["distributed_executor_backend"] = "uni"
+                child_env = {
+                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                    "OMP_NUM_THREADS": str(cfg.cpu_threads),
+                }
             args = AsyncEngineArgs(
                 model=model,
                 dtype=settings.dtype,
@@ -69,9 +84,11 @@ class VLLMEngine:
                 # is what we actually want, so keep the reservation check permissive.
                 gpu_memory_utilization=0.3,
                 seed=0,
+                **executor,
                 **engine_overrides,
             )
-            return AsyncLLM.from_engine_args(args)
+            with _environment(child_env):
+                return AsyncLLM.from_engine_args(args)
 
         try:
             llm = await anyio.to_thread.run_sync(build)
@@ -153,3 +170,19 @@ class VLLMEngine:
             handler.cancel()
             await asyncio.wait({handler})
         await anyio.to_thread.run_sync(self._llm.shutdown)
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in the environment while the engine core is spawned, then as they were (vLLM
+    sets its OpenMP variables around its worker processes the same way)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

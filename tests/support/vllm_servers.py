@@ -48,11 +48,14 @@ class VllmServer:
                 *(sys.executable, "-m", "vllm.entrypoints.openai.api_server"),
                 *("--model", str(model), "--served-model-name", self.model),
                 *("--dtype", "float32", "--enforce-eager", "--seed", "0"),
+                *("--distributed-executor-backend", "uni"),
                 *("--max-model-len", str(max_model_len)),
                 *("--kv-cache-memory-bytes", str(512 << 20), "--gpu-memory-utilization", "0.3"),
                 *("--port", str(self.port), "--enable-prompt-tokens-details", *extra),
             ],
             cwd=ROOT,
+            # the model in the engine-core process on one thread, as scripts/cluster.sh runs it
+            env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its engine-core child goes with it on kill()
