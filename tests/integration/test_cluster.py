@@ -102,6 +102,18 @@ def _serving(replicas: list[Node]) -> Node:
     return serving[0]
 
 
+def _served_since(replicas: list[Node], done: list[float]) -> Node:
+    """The one replica that finished a request since ``done`` was read."""
+    deadline = time.monotonic() + 10
+    while True:
+        served = [r for r, d in zip(replicas, done, strict=True) if r.metric(DONE) > d]
+        if len(served) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # (counted as the request's last output goes out, not before)
+    assert len(served) == 1, [r.metric(DONE) for r in replicas]
+    return served[0]
+
+
 def test_replicas_stream_what_the_in_process_engine_streams(
     cluster: Cluster, smollm2_server: ServerProcess
 ) -> None:
@@ -199,21 +211,27 @@ def test_a_replica_killed_mid_stream_the_stream_finishes_on_the_other_with_its_k
     cluster: Cluster,
 ) -> None:
     api = cluster.apis[0].url
+    done = [r.metric(DONE) for r in cluster.replicas]
     reference = _generate(api, LONG)
     assert reference[-1].data["finish_reason"] == "length"
-    reader = _Reader(api, LONG)
-    reader.wait_for_tokens(10)
-    serving = _serving(cluster.replicas)
+    # The prompt's first KV block picks its replica: the one that served the reference serves
+    # the stream too. Known before the stream starts, so the kill can come right after its
+    # first tokens (a gauge read mid-stream raced the end of a short stream on a busy machine).
+    serving = _served_since(cluster.replicas, done)
     (other,) = [r for r in cluster.replicas if r is not serving]
-    served_before = other.metric(DONE)
-    assert reader.frames[-1].event == "token"  # still generating when its replica dies
+    served_before = [serving.metric(DONE), other.metric(DONE)]
+    reader = _Reader(api, LONG)
+    reader.wait_for_tokens(3)
+    # still generating there when it dies: the stream has not ended, nor its request
+    assert reader.frames[-1].event == "token", reader.frames[-1]
+    assert [serving.metric(DONE), other.metric(DONE)] == served_before
     serving.kill()
     frames = reader.join()
     assert reader.error is None, reader.error
     _one_stream(frames)
     assert frames[-1].data["finish_reason"] == "length"
     assert text_of(frames) == text_of(reference)
-    assert other.metric(DONE) == served_before + 1  # the rest came from the other replica
+    assert other.metric(DONE) == served_before[1] + 1  # the rest came from the other replica
     # which had never computed this prompt: its KV blocks came from Redis (the KV connector)
     assert frames[-1].data["usage"]["cached_tokens"] >= 256, frames[-1].data["usage"]
 
