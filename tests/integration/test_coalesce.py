@@ -3,6 +3,7 @@ from the middle, and ``auto`` deciding from the connection's round-trip time."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import httpx
@@ -49,7 +50,15 @@ def test_coalesced_stream_has_the_same_tokens_in_fewer_events(tiny_server: Serve
     assert _ids(merged) == _ids(plain)  # float32 greedy: the same tokens...
     assert text_of(merged) == text_of(plain)  # ...and the same text
     sizes = _sizes(merged)
-    assert all(4 <= n <= 7 for n in sizes[:-1]), sizes  # 4, or a character's few more
+    assert all(n <= 7 for n in sizes), sizes  # 4, or a character's few more
+    # Fewer than 4 only when the 1,000 ms timer sent them: on a busy machine the engine can
+    # stall that long (CI saw it once). Such an event comes at least a timer's wait after the
+    # one before it (less the delivery delay of that one); a coalescer that sent early would
+    # send it within a token's time (milliseconds here).
+    last = max(i for i, f in enumerate(merged) if f.event == "token")
+    for before, short in itertools.pairwise(merged[:last]):
+        if short.event == "token" and len(short.data["token_ids"]) < 4:
+            assert short.received - before.received > 0.3, sizes
     assert len(sizes) <= len(_sizes(plain)) / 3
     usage = merged[-1].data["usage"]
     assert usage["completion_tokens"] == plain[-1].data["usage"]["completion_tokens"]
@@ -84,7 +93,11 @@ def test_resume_in_the_middle_of_a_coalesced_stream(tiny_server: ServerProcess) 
         )
     frames = first + rest
     _check_whole(frames)  # the cursor named an event: nothing lost, nothing repeated
-    assert _sizes(rest) and all(3 <= n <= 6 for n in _sizes(frames)[:-1])
+    sizes = _sizes(frames)
+    # 3 tokens (a character's few more): a stall past the 1,000 ms timer may send fewer, and
+    # replayed events come in a burst that says nothing of the timer, so allow two such
+    assert _sizes(rest) and all(n <= 6 for n in sizes), sizes
+    assert sum(n < 3 for n in sizes[:-1]) <= 2, sizes
     replay = _stream(tiny_server, {**body, "coalesce": None})
     assert _ids(frames) == _ids(replay) and text_of(frames) == text_of(replay)
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ class Frame:
     id: int
     event: str
     data: dict[str, Any]
+    received: float = field(default_factory=time.monotonic, compare=False)  # parsed at
 
 
 def read_stream(

@@ -64,7 +64,9 @@ class StallingLog(MemoryEventLog):
     async def append(self, batches: Sequence[Append]) -> list[AppendResult]:
         self.sizes.append(max((len(b.events) for b in batches), default=0))
         if len(self.sizes) == 1:
-            await asyncio.sleep(0.3)  # meanwhile the stream buffers hundreds of events
+            # meanwhile the stream buffers hundreds of events: at least 150 (three appends'
+            # worth) even at 6 ms a token (0.3 s once left 147 on a busy machine)
+            await asyncio.sleep(1.0)
         return await super().append(batches)
 
 
