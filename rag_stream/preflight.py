@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from rag_stream.errors import ConfigError
-from rag_stream.retrieval.qdrant_store import LEGACY_COLLECTION
+from rag_stream.retrieval.collections import LEGACY_COLLECTION
 from rag_stream.retrieval.stores import REINDEX_HINT, old_store
 from rag_stream.settings import ENV_PREFIX, Settings, without_password
 from rag_stream.store.db import upgrade

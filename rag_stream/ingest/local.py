@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -20,13 +21,6 @@ from rag_stream.ingest.service import Ingestor
 from rag_stream.ingest.writer import IngestResult
 from rag_stream.retrieval.edge_store import StoreInUse
 from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
-from rag_stream.retrieval.qdrant_store import QdrantVectorStore
-from rag_stream.retrieval.reindex import (
-    ReindexSummary,
-    count_chunks,
-    reindex_edge,
-    reindex_qdrant,
-)
 from rag_stream.retrieval.retriever import Retriever, SearchHit
 from rag_stream.retrieval.stores import (
     edge_path,
@@ -41,6 +35,9 @@ from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.settings import Settings
 from rag_stream.store.db import create_db
 from rag_stream.store.repositories import resolve_kb
+
+if TYPE_CHECKING:
+    from rag_stream.retrieval.reindex import ReindexSummary
 
 
 @dataclass(frozen=True)
@@ -128,6 +125,11 @@ async def reindex_store(
 ) -> ReindexSummary:
     """Rebuild the configured vector store from SQL (see ``rag_stream.retrieval.reindex``)."""
     from tqdm import tqdm
+
+    # imported here: the reindex imports qdrant-client (a second), which ingest and search
+    # on the default store never need
+    from rag_stream.retrieval.qdrant_store import QdrantVectorStore
+    from rag_stream.retrieval.reindex import count_chunks, reindex_edge, reindex_qdrant
 
     db_engine, sessions = create_db(settings.resolved_database_url)
     try:

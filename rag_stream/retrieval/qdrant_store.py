@@ -18,6 +18,7 @@ from qdrant_client import models as qm
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from rag_stream.errors import VectorStoreUnavailable
+from rag_stream.retrieval.collections import COLLECTION, LEGACY_COLLECTION
 from rag_stream.retrieval.filters import AnyKeyword, Condition, Exact, meta_conditions
 from rag_stream.retrieval.sparse import SparseVector
 from rag_stream.retrieval.vector_store import (
@@ -33,8 +34,6 @@ from rag_stream.retrieval.vector_store import (
 )
 from rag_stream.schemas.kbs import MetaValue
 
-COLLECTION = "chunks_hybrid"
-LEGACY_COLLECTION = "chunks"
 log = logging.getLogger(__name__)
 
 

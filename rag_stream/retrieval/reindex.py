@@ -16,7 +16,6 @@ Targets:
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -29,9 +28,10 @@ from qdrant_client import AsyncQdrantClient
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from rag_stream.retrieval.collections import COLLECTION, LEGACY_COLLECTION, legacy_local_store
 from rag_stream.retrieval.edge_store import EdgeVectorStore
 from rag_stream.retrieval.embedder import Embedder
-from rag_stream.retrieval.qdrant_store import COLLECTION, LEGACY_COLLECTION, QdrantVectorStore
+from rag_stream.retrieval.qdrant_store import QdrantVectorStore
 from rag_stream.retrieval.sparse import SparseEncoder
 from rag_stream.retrieval.vector_store import VectorPoint, VectorStore, chunk_id_of, point_id
 from rag_stream.store.models import Chunk, Document
@@ -44,19 +44,6 @@ class ReindexSummary:
     chunks: int = 0
     copied: int = 0  # dense vectors taken from the old store
     embedded: int = 0
-
-
-def legacy_local_store(qdrant_path: Path) -> bool:
-    """Whether a qdrant-client local-mode folder holds a collection made before hybrid search
-    (read from its meta.json, without opening it: that would take its lock)."""
-    meta = qdrant_path / "meta.json"
-    if not meta.is_file():
-        return False
-    try:
-        collections = json.loads(meta.read_text()).get("collections", {})
-    except (OSError, ValueError):
-        return False
-    return LEGACY_COLLECTION in collections
 
 
 class LegacyVectors:

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qdrant_client import AsyncQdrantClient
-
 from rag_stream.errors import ConfigError
+from rag_stream.retrieval.collections import LEGACY_COLLECTION, legacy_local_store
 from rag_stream.retrieval.edge_bm25 import EdgeBm25
 from rag_stream.retrieval.edge_store import EdgeVectorStore, StoreInUse
-from rag_stream.retrieval.qdrant_store import LEGACY_COLLECTION, QdrantVectorStore
-from rag_stream.retrieval.reindex import legacy_local_store
 from rag_stream.retrieval.sparse import SparseEncoder
 from rag_stream.retrieval.vector_store import VectorStore
 from rag_stream.settings import ENV_PREFIX, Settings
@@ -51,22 +48,35 @@ def old_store(settings: Settings) -> str | None:
 
 
 def open_vector_store(settings: Settings) -> VectorStore:
-    if settings.qdrant_url:
-        return QdrantVectorStore(AsyncQdrantClient(url=settings.qdrant_url, timeout=10))
     path = embedded_path(settings)
-    assert path is not None
+    if path is None:
+        return _qdrant_client_store(url=settings.qdrant_url)
     try:
         if settings.vector_store.backend == "edge":
             cfg = settings.vector_store
             return EdgeVectorStore(path, cfg.optimize_after_points, cfg.optimize_idle_s)
         path.mkdir(parents=True, exist_ok=True)
-        return QdrantVectorStore(AsyncQdrantClient(path=str(path)))
+        return _qdrant_client_store(path=path)
     except StoreInUse:
         pass
     except RuntimeError as exc:  # how qdrant-client's local mode says it
         if "already accessed" not in str(exc):
             raise
     raise in_use(path)
+
+
+def _qdrant_client_store(*, url: str | None = None, path: Path | None = None) -> VectorStore:
+    """A Qdrant server (``url``) or a local-mode folder (``path``), through qdrant-client:
+    imported only here, because it adds about a second to the start of every process and the
+    default (edge) store never uses it."""
+    from qdrant_client import AsyncQdrantClient
+
+    from rag_stream.retrieval.qdrant_store import QdrantVectorStore
+
+    if url:
+        return QdrantVectorStore(AsyncQdrantClient(url=url, timeout=10))
+    assert path is not None
+    return QdrantVectorStore(AsyncQdrantClient(path=str(path)))
 
 
 def in_use(path: Path) -> ConfigError:

@@ -17,8 +17,8 @@ from rag_stream.ingest.documents import DocumentDraft
 from rag_stream.ingest.local import open_local_stack, reindex_store
 from rag_stream.ingest.parsing import parse_plain
 from rag_stream.preflight import check_vector_store
+from rag_stream.retrieval.collections import COLLECTION
 from rag_stream.retrieval.edge_store import EdgeVectorStore
-from rag_stream.retrieval.qdrant_store import COLLECTION
 from rag_stream.retrieval.sparse import SparseVector
 from rag_stream.retrieval.vector_store import VectorPoint, VectorQuery
 from rag_stream.schemas.tenants import LOCAL_TENANT
