@@ -11,12 +11,28 @@ from pathlib import Path
 HEAVY_UNUSED = ("qdrant_client", "torch", "vllm")
 
 
-def _loaded_after(code: str) -> list[str]:
-    probe = f"{code}\nimport sys\nprint(','.join(m for m in {HEAVY_UNUSED!r} if m in sys.modules))"
+def _run(code: str) -> str:
+    """What ``code`` prints in a fresh interpreter."""
     out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
-    return [name for name in out.stdout.strip().split(",") if name]
+    return out.stdout
+
+
+def _loaded_after(code: str) -> list[str]:
+    """The heavy libraries loaded once ``code`` has run."""
+    probe = f"{code}\nimport sys\nprint(','.join(m for m in {HEAVY_UNUSED!r} if m in sys.modules))"
+    return [name for name in _run(probe).splitlines()[-1].split(",") if name]
+
+
+def _open_store(data_dir: Path, **settings: object) -> str:
+    """Code that opens the store these settings choose and prints its type."""
+    return (
+        "from rag_stream.settings import Settings\n"
+        "from rag_stream.retrieval.stores import open_vector_store\n"
+        f"s = Settings(data_dir={str(data_dir)!r}, **{settings!r})\n"
+        "print(type(open_vector_store(s)).__name__)"
+    )
 
 
 def test_the_app_and_the_cli_load_no_qdrant_client_torch_or_vllm() -> None:
@@ -24,23 +40,10 @@ def test_the_app_and_the_cli_load_no_qdrant_client_torch_or_vllm() -> None:
 
 
 def test_opening_the_default_store_loads_no_qdrant_client(tmp_path: Path) -> None:
-    code = (
-        "from rag_stream.settings import Settings\n"
-        "from rag_stream.retrieval.stores import open_vector_store\n"
-        f"open_vector_store(Settings(data_dir={str(tmp_path)!r}))"
-    )
-    assert _loaded_after(code) == []
+    assert _loaded_after(_open_store(tmp_path)) == []
 
 
 def test_the_local_mode_store_still_opens_qdrant_client(tmp_path: Path) -> None:
-    code = (
-        "from rag_stream.settings import Settings\n"
-        "from rag_stream.retrieval.stores import open_vector_store\n"
-        "s = Settings(data_dir=" + repr(str(tmp_path)) + ", vector_store={'backend': 'local'})\n"
-        "print(type(open_vector_store(s)).__name__)"
-    )
+    code = _open_store(tmp_path, vector_store={"backend": "local"})
     probe = code + "\nimport sys\nprint('qdrant_client' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert out.stdout.split() == ["QdrantVectorStore", "True"]
+    assert _run(probe).split() == ["QdrantVectorStore", "True"]
