@@ -1,4 +1,4 @@
-.PHONY: install run test test-fast check lint format bench clean
+.PHONY: install run test test-all test-fast check lint format bench clean
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,7 +13,12 @@ $(VENV)/.installed: pyproject.toml scripts/install.sh
 run: $(VENV)/.installed
 	$(BIN)/rag-stream serve
 
+# CI's suite: everything but the tests marked `extended` (docs/testing.md lists them)
 test:
+	$(BIN)/pytest -q -m "not extended" --durations=40
+
+# the whole suite, extended tests included (about 15 minutes more)
+test-all:
 	$(BIN)/pytest -q --durations=40
 
 test-fast:

@@ -23,7 +23,10 @@ from tests.integration.test_jobs import (
 from tests.support.jobs_pair import DOCS
 from tests.support.kb import make_kb
 
-pytestmark = pytest.mark.engine
+# Extended (`make test-all`): two whole-service starts on SmolLM2, past CI's budget. CI keeps a
+# job's kill -9 takeover on the real engine (test_jobs.py) and a restart on the same data
+# directory under a job (test_job_redis_faults.py, on the stub engine).
+pytestmark = [pytest.mark.engine, pytest.mark.extended]
 
 
 def test_a_job_continues_after_the_service_is_killed_and_restarted(
