@@ -6,6 +6,7 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -285,6 +286,51 @@ def smollm2_server(smollm2_server_start: ServerProcess) -> ServerProcess:
     return smollm2_server_start
 
 
+@dataclass
+class ChatPageServer:
+    """tests/e2e/test_chat_page.py's server (SmolLM2, keys required, PostgreSQL, the sample KB
+    ingested as it starts) and the settings its keys are made with."""
+
+    server: ServerProcess
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def chat_page_server_start(
+    request: pytest.FixtureRequest,
+    server_factory: ServerFactory,
+    smollm2_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ChatPageServer]:
+    """The chat page's server, started but not waited for (``START_AHEAD``)."""
+    from tests.support.pg import postgres_database  # (it imports this module)
+
+    databases = postgres_database("rag_stream_e2e")
+    data = tmp_path_factory.mktemp("e2e")
+    env = {
+        "RAG_STREAM_PROFILE": "test",
+        "RAG_STREAM_DATA_DIR": str(data),
+        "RAG_STREAM_DATABASE_URL": next(databases),
+        "RAG_STREAM_SECURITY__REQUIRE_KEYS": "true",
+        "RAG_STREAM_INGEST__SAMPLE_KB": "true",  # docs/, ingested in the background
+    }
+    server = server_factory(
+        wait=False,
+        data_dir=data,
+        RAG_STREAM_MODEL=str(smollm2_path),
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        **env,
+    )
+
+    def stop() -> None:
+        server.stop()
+        next(databases, None)  # the database goes after its server
+
+    release_after_last_user(request, "chat_page_server_start", stop)
+    yield ChatPageServer(server, env)
+    stop()
+
+
 @pytest.fixture(scope="session")
 def cluster_start(
     tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path
@@ -324,8 +370,9 @@ START_AHEAD = {
     "test_chat_completions.py": "cluster_start",
     "test_conversation_list.py": "default_server_start",
     "test_job_redis_faults.py": "jobs_servers_start",
-    "test_jobs_restart.py": "kv_engines_start",
+    "test_jobs.py": "kv_engines_start",
     "test_store_upkeep.py": "takeover_servers_start",
+    "test_tenants.py": "chat_page_server_start",  # tests/e2e runs last (``testpaths``)
 }
 
 

@@ -24,9 +24,8 @@ from selenium.webdriver.common.by import By
 
 from rag_stream.ingest.files import collect_files
 from rag_stream.ingest.sample_kb import SAMPLE_DOCS_DIR, SAMPLE_KB_NAME
-from tests.conftest import REDIS_URL, ServerFactory
+from tests.conftest import ChatPageServer
 from tests.e2e.browser import ChatPage, start_chromium, wait_for
-from tests.support.pg import postgres_database
 from tests.support.proxy import TcpProxy
 from tests.support.server import ROOT, ServerProcess
 
@@ -76,37 +75,21 @@ def make_key(env: dict[str, str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def site(
-    server_factory: ServerFactory,
-    smollm2_path: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Site]:
-    """The server requires keys: every request of the page carries one."""
-    for database in postgres_database("rag_stream_e2e"):
-        data = tmp_path_factory.mktemp("e2e")
-        env = {
-            "RAG_STREAM_PROFILE": "test",
-            "RAG_STREAM_DATA_DIR": str(data),
-            "RAG_STREAM_DATABASE_URL": database,
-            "RAG_STREAM_SECURITY__REQUIRE_KEYS": "true",
-            "RAG_STREAM_INGEST__SAMPLE_KB": "true",  # docs/, ingested in the background
-        }
-        server = server_factory(
-            data_dir=data,
-            RAG_STREAM_MODEL=str(smollm2_path),
-            RAG_STREAM_REDIS_URL=REDIS_URL,
-            **env,
-        )
-        site = Site(server, TcpProxy(server.port), f"e2e-{uuid.uuid4().hex[:8]}", "")
-        site.key = make_key({**os.environ, **env})
-        with site.http() as http:
-            http.post("/v1/kbs", json={"name": site.kb}).raise_for_status()
-            for title, text in DOCS:
-                r = http.post(f"/v1/kbs/{site.kb}/documents", json={"title": title, "text": text})
-                r.raise_for_status()
-        with site.proxy:
-            yield site
-        server.stop()
+def site(chat_page_server_start: ChatPageServer) -> Iterator[Site]:
+    """The server requires keys: every request of the page carries one. Started a module
+    ahead of this one (tests/conftest.py)."""
+    server = chat_page_server_start.server
+    server.wait_ready()
+    site = Site(server, TcpProxy(server.port), f"e2e-{uuid.uuid4().hex[:8]}", "")
+    site.key = make_key({**os.environ, **chat_page_server_start.env})
+    with site.http() as http:
+        http.post("/v1/kbs", json={"name": site.kb}).raise_for_status()
+        for title, text in DOCS:
+            r = http.post(f"/v1/kbs/{site.kb}/documents", json={"title": title, "text": text})
+            r.raise_for_status()
+    with site.proxy:
+        yield site
+    server.stop()
 
 
 @pytest.fixture(scope="module")
