@@ -183,7 +183,7 @@ async def test_cancelling_a_job_mid_section_keeps_the_sections_written(
     server: ServerProcess, kb: str
 ) -> None:
     async with AsyncClient(server.url) as client:
-        job = await client.create_job(kb, TITLE, outline=OUTLINE, section_tokens=200)
+        job = await client.create_job(kb, TITLE, outline=OUTLINE, section_tokens=60)
         events: list[Event] = []
         cancelled = None
         async for event in client.follow_job(job.id):

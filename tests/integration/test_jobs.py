@@ -39,7 +39,7 @@ JOB = {
     "title": "A short guide to the coast of Vell",
     "instructions": "Write plainly for visitors.",
     "outline": OUTLINE,
-    "section_tokens": 60,
+    "section_tokens": 32,
     "top_k": 2,
 }
 KV_PREFIX = kv_prefix(SESSION_PREFIX)
@@ -184,7 +184,7 @@ def test_bad_job_requests_get_clear_errors(servers: Servers) -> None:
 
 def test_cancel_mid_job_ends_it_with_the_sections_written_so_far(servers: Servers) -> None:
     server = servers.survivor
-    job = _start(server, {**JOB, "section_tokens": 200})
+    job = _start(server, {**JOB, "section_tokens": 60})
     follower = _Follower(server, job["id"])
     follower.wait_until(_in_section(1, 3))  # running, in its second section
     r = httpx.post(f"{server.url}/v1/jobs/{job['id']}/cancel", timeout=60)
