@@ -38,7 +38,7 @@ from httpx_sse import connect_sse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.benchstats import summary  # noqa: E402
+from scripts.benchstats import cpu_seconds, summary  # noqa: E402
 from tests.support.cluster import Cluster, Node  # noqa: E402
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -53,12 +53,6 @@ TOPICS = [
 ]  # fmt: skip
 HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
-
-
-def cpu_s(node: Node) -> float:
-    """utime + stime of the API process itself (not its children)."""
-    fields = Path(f"/proc/{node.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def generate(url: str, prompt: str, max_tokens: int) -> tuple[float, int]:
@@ -86,7 +80,7 @@ def generate(url: str, prompt: str, max_tokens: int) -> tuple[float, int]:
 def throughput_round(
     apis: list[Node], clients: int, per_client: int, max_tokens: int, tag: str
 ) -> dict[str, Any]:
-    cpu_before = [cpu_s(a) for a in apis]
+    cpu_before = [cpu_seconds(a.pid) for a in apis]  # the API processes, not their children
 
     def client(n: int) -> list[tuple[float, int]]:
         url = apis[n % len(apis)].url
@@ -100,7 +94,7 @@ def throughput_round(
         results = [r for rs in pool.map(client, range(clients)) for r in rs]
     wall = time.monotonic() - started
     tokens = sum(t for _, t in results)
-    cpu = sum(cpu_s(a) for a in apis) - sum(cpu_before)
+    cpu = sum(cpu_seconds(a.pid) for a in apis) - sum(cpu_before)
     return {
         "tokens_per_s": tokens / wall,
         "ttft_ms": [1000 * t for t, _ in results],

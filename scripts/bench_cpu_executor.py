@@ -29,13 +29,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.benchstats import summary  # noqa: E402
+from scripts.benchstats import TICK, summary  # noqa: E402
 
 PROBE = (
     "import time\nt = time.time(); n = 0\n"
     "while time.time() - t < {s}:\n    sum(range(10000)); n += 1\nprint(n)"
 )
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu(session: int) -> float:

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scripts.bench_streams import start_stub  # noqa: E402
-from scripts.benchstats import summary  # noqa: E402
+from scripts.benchstats import cpu_seconds, summary  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 MODELS = ROOT / ".data" / "models"
@@ -55,7 +55,6 @@ MODEL = MODELS / "SmolLM2-135M-Instruct"
 SERVED = "smol"
 MAX_MODEL_LEN, MAX_NUM_SEQS, KV_GB = 4096, 32, 1.0
 COALESCE = {"tokens": 3, "ms": 20}
-TICK = os.sysconf("SC_CLK_TCK")
 TOPICS = (
     "volcanoes", "tides", "photosynthesis", "the printing press", "honeybees", "glaciers",
     "compound interest", "the Roman aqueducts", "jet engines", "coral reefs", "vaccines",
@@ -79,12 +78,6 @@ def question(c: int, rnd: int, i: int) -> str:
     """A prompt never used before in the run: the nonce comes first."""
     topic = TOPICS[(7 * i + 3 * rnd + c) % len(TOPICS)]
     return f"Request {c}-{rnd}-{i}. " + TEMPLATES[(i + rnd) % len(TEMPLATES)].format(topic)
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (all its threads, none of its children)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # fields 14 and 15 of the whole line
 
 
 async def sse(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:

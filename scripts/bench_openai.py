@@ -70,13 +70,12 @@ from scripts.bench_gateway import (  # noqa: E402
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
     MODEL,
-    cpu_seconds,
     start_ours,
     start_raw,
     start_redis,
     wait_health,
 )
-from scripts.benchstats import summary  # noqa: E402
+from scripts.benchstats import cpu_seconds, summary  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
 KB_NAME = "bench"
