@@ -28,8 +28,11 @@ pip_setting() {  # pip_setting NAME: PIP_NAME from the environment, else pip's c
 INSTALL=($PIP install --quiet)
 UNINSTALL=($PIP uninstall --quiet --yes)
 if $PIP install --quiet --upgrade pip uv 2>/dev/null && [ -x "$VENV/bin/uv" ]; then
+  # --compile-bytecode: pip writes every module's .pyc at install, uv only when asked. Without
+  # them each process compiles what it imports (vLLM, torch) again where PYTHONDONTWRITEBYTECODE
+  # is set, as on this CI machine (a CI run here went about a third slower).
   INSTALL=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python"
-    --index-strategy unsafe-best-match)
+    --index-strategy unsafe-best-match --compile-bytecode)
   index=$(pip_setting index-url)
   [ -n "$index" ] && INSTALL+=(--index-url "$index")
   for url in $(pip_setting extra-index-url); do INSTALL+=(--extra-index-url "$url"); done
