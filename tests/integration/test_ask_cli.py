@@ -1,4 +1,5 @@
-"""`rag-stream ask` as a person runs it: a subprocess against a real server (SmolLM2 float32)."""
+"""`rag-stream ask` as a person runs it: a subprocess against a real server (the suite's
+tiny-model one, as in test_client.py)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,14 @@ from tests.support.kb import make_kb
 from tests.support.proxy import TcpProxy
 from tests.support.server import ROOT, ServerProcess
 
-pytestmark = [pytest.mark.engine, pytest.mark.smollm2]
+pytestmark = pytest.mark.engine
 
 FIGURES = re.compile(r"^TTFT \d+ ms · \d+\.\d tokens/s · \d+ tokens ")
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_server: ServerProcess) -> ServerProcess:
-    return smollm2_server
+def server(tiny_server: ServerProcess) -> ServerProcess:
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
-"""rag_stream.client against a real server (SmolLM2 float32, greedy) through a TCP proxy that
-cuts every connection mid-stream: the caller still sees one clean stream, with the text an
-uninterrupted run of the same request gives."""
+"""rag_stream.client against a real server through a TCP proxy that cuts every connection
+mid-stream: the caller still sees one clean stream, with the text an uninterrupted run of the
+same request gives. The server is the suite's tiny-model one (vLLM, float32, greedy): what is
+checked is the protocol, not the prose, and it decodes hundreds of tokens a second where
+SmolLM2 decodes 17."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from tests.support.kb import make_kb
 from tests.support.proxy import TcpProxy
 from tests.support.server import ServerProcess
 
-pytestmark = [pytest.mark.engine, pytest.mark.smollm2]
+pytestmark = pytest.mark.engine
 
 DOCS = [
     (
@@ -30,14 +32,14 @@ DOCS = [
     ),
 ]
 QUESTION = "Describe the Skerry lighthouse and the life of its keepers."
-MAX_TOKENS = 80
+MAX_TOKENS = 400  # a second or more on the tiny model: the cuts land in a running stream
 CUT_AT_TOKEN = 5  # token events received before the connection is cut
 QUICK = RetryPolicy(max_retries=5, backoff_s=0.05, max_backoff_s=0.5)
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_server: ServerProcess) -> ServerProcess:
-    return smollm2_server
+def server(tiny_server: ServerProcess) -> ServerProcess:
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

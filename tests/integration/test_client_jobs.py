@@ -1,5 +1,6 @@
-"""rag_stream.client's jobs, conversation list and metrics against a real server (SmolLM2
-float32, greedy, the real Redis): what the client reads back is what the server wrote."""
+"""rag_stream.client's jobs, conversation list and metrics against a real server (the suite's
+tiny-model one, as in test_client.py; the real Redis): what the client reads back is what the
+server wrote."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.support.kb import make_kb
 from tests.support.proxy import TcpProxy
 from tests.support.server import ServerProcess
 
-pytestmark = [pytest.mark.engine, pytest.mark.smollm2]
+pytestmark = pytest.mark.engine
 
 DOCS = [
     (
@@ -47,8 +48,8 @@ QUICK = RetryPolicy(max_retries=5, backoff_s=0.05, max_backoff_s=0.5)
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_server: ServerProcess) -> ServerProcess:
-    return smollm2_server
+def server(tiny_server: ServerProcess) -> ServerProcess:
+    return tiny_server
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +167,8 @@ def test_following_a_job_rides_out_a_reset_connection(server: ServerProcess, kb:
         TcpProxy(server.port) as proxy,
         Client(proxy.url, retry=QUICK, on_reconnect=notices.append) as client,
     ):
-        job = direct.create_job(kb, TITLE, outline=OUTLINE, section_tokens=40)
+        # sections of a second or more on the tiny model: the cut lands in a running job
+        job = direct.create_job(kb, TITLE, outline=OUTLINE, section_tokens=300)
         for event in client.follow_job(job.id):
             events.append(event)
             if sum(isinstance(e, Token) for e in events) == 3 and not notices:
@@ -183,7 +185,7 @@ async def test_cancelling_a_job_mid_section_keeps_the_sections_written(
     server: ServerProcess, kb: str
 ) -> None:
     async with AsyncClient(server.url) as client:
-        job = await client.create_job(kb, TITLE, outline=OUTLINE, section_tokens=60)
+        job = await client.create_job(kb, TITLE, outline=OUTLINE, section_tokens=300)
         events: list[Event] = []
         cancelled = None
         async for event in client.follow_job(job.id):
