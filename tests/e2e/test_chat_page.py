@@ -24,10 +24,10 @@ from selenium.webdriver.common.by import By
 
 from rag_stream.ingest.files import collect_files
 from rag_stream.ingest.sample_kb import SAMPLE_DOCS_DIR, SAMPLE_KB_NAME
-from tests.conftest import ChatPageServer
 from tests.e2e.browser import ChatPage, start_chromium, wait_for
 from tests.support.proxy import TcpProxy
 from tests.support.server import ROOT, ServerProcess
+from tests.support.session_servers import KeyedServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.smollm2]
 
@@ -75,9 +75,9 @@ def make_key(env: dict[str, str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def site(chat_page_server_start: ChatPageServer) -> Iterator[Site]:
+def site(chat_page_server_start: KeyedServer) -> Iterator[Site]:
     """The server requires keys: every request of the page carries one. Started a module
-    ahead of this one (tests/conftest.py)."""
+    ahead of this one (tests/support/session_servers.py)."""
     server = chat_page_server_start.server
     server.wait_ready()
     site = Site(server, TcpProxy(server.port), f"e2e-{uuid.uuid4().hex[:8]}", "")

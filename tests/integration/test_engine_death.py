@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import REDIS_URL, ServerFactory
 from tests.support.server import ServerProcess, child_pid
 from tests.support.sse import read_stream, text_of
 
@@ -26,10 +24,11 @@ BODY = {
 
 
 def test_a_stream_whose_engine_core_dies_is_finished_by_a_peer(
-    server_factory: ServerFactory, smollm2_server: ServerProcess, smollm2_path: Path
+    smollm2_server: ServerProcess, engine_death_victim_start: ServerProcess
 ) -> None:
     survivor = smollm2_server  # SmolLM2 on the same Redis
-    victim = server_factory(RAG_STREAM_MODEL=str(smollm2_path), RAG_STREAM_REDIS_URL=REDIS_URL)
+    victim = engine_death_victim_start  # started a few modules ahead (session_servers.py)
+    victim.wait_ready()
     r = httpx.post(survivor.url + "/v1/generate", json={**BODY, "stream": False}, timeout=300)
     expected = r.raise_for_status().json()
     with httpx.Client(base_url=victim.url, timeout=120) as client:

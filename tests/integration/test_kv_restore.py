@@ -100,7 +100,8 @@ def stats(client: redis.Redis, prefix: str) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def kv_engines(kv_engines_start: KvEngines) -> Iterator[KvEngines]:
     """The module's redis-server and engines (tests/support/kv_engines.py), started ahead by
-    the session (tests/conftest.py) while an earlier module ran, or here; all gone at the end."""
+    the session (tests/support/session_servers.py) while an earlier module ran, or here; all
+    gone at the end."""
     yield kv_engines_start
     kv_engines_start.close()
 

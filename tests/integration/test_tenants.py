@@ -16,19 +16,18 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 
 from rag_stream.app import create_app
 from rag_stream.settings import load_settings
-from tests.conftest import REDIS_URL, SESSION_PREFIX, ServerFactory
-from tests.support.pg import postgres_database
+from tests.conftest import REDIS_URL, ServerFactory
 from tests.support.server import ROOT, ServerProcess
+from tests.support.session_servers import TENANTS_PREFIX, KeyedServer
 
 pytestmark = pytest.mark.engine
-PREFIX = f"{SESSION_PREFIX}-tenants"  # this server's keys in the shared Redis
+PREFIX = TENANTS_PREFIX  # this server's keys in the shared Redis
 
 # Routes that own nothing a tenant could reach (health, the metrics scrape, the API's docs).
 NO_TENANT = {
@@ -70,30 +69,10 @@ class Tenants:
 
 
 @pytest.fixture(scope="module")
-def tenant_server(
-    server_factory: ServerFactory, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[ServerProcess, dict[str, str]]]:
-    for database in postgres_database("rag_stream_tenants"):
-        data = tmp_path_factory.mktemp("tenants")
-        env = {
-            "RAG_STREAM_PROFILE": "test",
-            "RAG_STREAM_DATA_DIR": str(data),
-            "RAG_STREAM_DATABASE_URL": database,
-            "RAG_STREAM_REDIS_URL": REDIS_URL,
-            "RAG_STREAM_MODEL": str(tiny_model),
-            "RAG_STREAM_SECURITY__REQUIRE_KEYS": "true",
-            "RAG_STREAM_LIMITS__PER_TENANT_ACTIVE": "2",
-            "RAG_STREAM_LIMITS__REQUESTS_PER_MINUTE": "400",
-            "RAG_STREAM_LIMITS__MAX_ACTIVE_STREAMS": "3",
-            "RAG_STREAM_LIMITS__MAX_QUEUED": "1",
-            # long streams (the tiny model makes hundreds of tokens a second)
-            "RAG_STREAM_ENGINE__MAX_MODEL_LEN": "8192",
-            "RAG_STREAM_LIMITS__MAX_TOKENS": "8000",
-            "RAG_STREAM_STREAMING__KEY_PREFIX": PREFIX,
-        }
-        server = server_factory(data_dir=data, **env)
-        yield server, {**os.environ, **env}
-        server.stop()
+def tenant_server(tenant_server_start: KeyedServer) -> tuple[ServerProcess, dict[str, str]]:
+    """Started a module ahead (tests/support/session_servers.py)."""
+    tenant_server_start.server.wait_ready()
+    return tenant_server_start.server, {**os.environ, **tenant_server_start.env}
 
 
 def _client(server: ServerProcess, key: str | None) -> httpx.Client:

@@ -1,7 +1,8 @@
 """test_jobs.py's two SmolLM2 servers: KV snapshots on, sharing Redis (events and blocks) and a
 PostgreSQL database of their own; the KB ingested once (SQL + the victim's vector store) and the
-survivor's vector store rebuilt from SQL. Started by a session fixture in conftest.py a module
-ahead of their own (``START_AHEAD``), so that their engines start while that module works."""
+survivor's vector store rebuilt from SQL. Started by a session fixture
+(tests/support/session_servers.py) a module ahead of their own (``START_AHEAD``), so that their
+engines start while that module works."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Each scenario of that module runs on its own fresh engine (five of them, each 20-45 s to
 start). ``start_kv_engines`` makes the module's redis-server and an ``Ahead`` that starts the
 engines in the order the scenarios ask for them, three alive at most (an engine holds a few
-GB; there are 24 here), so the session fixture ``kv_engines_start`` (tests/conftest.py) can
+GB; there are 24 here), so the session fixture ``kv_engines_start`` (session_servers.py) can
 have the first ones starting while an earlier module's tests run.
 """
 
