@@ -175,22 +175,28 @@ def jobs_servers_start(
     close()
 
 
+def _smollm2_on_redis(
+    request: pytest.FixtureRequest, server_factory: ServerFactory, model: Path, fixture: str
+) -> ServerProcess:
+    """The body of a session fixture named ``fixture``: a SmolLM2 server on the real Redis
+    (test profile), started, not waited for; stopped after the last test that uses it."""
+    server = server_factory(wait=False, RAG_STREAM_MODEL=str(model), RAG_STREAM_REDIS_URL=REDIS_URL)
+    release_after_last_user(request, fixture, server.stop)
+    return server
+
+
 @pytest.fixture(scope="session")
 def smollm2_server_start(
     request: pytest.FixtureRequest, server_factory: ServerFactory, smollm2_path: Path
 ) -> ServerProcess:
     """``smollm2_server``, started but not waited for (``START_AHEAD``)."""
-    server = server_factory(
-        wait=False, RAG_STREAM_MODEL=str(smollm2_path), RAG_STREAM_REDIS_URL=REDIS_URL
-    )
-    release_after_last_user(request, "smollm2_server_start", server.stop)
-    return server
+    return _smollm2_on_redis(request, server_factory, smollm2_path, "smollm2_server_start")
 
 
 @pytest.fixture(scope="session")
 def smollm2_server(smollm2_server_start: ServerProcess) -> ServerProcess:
-    """A SmolLM2 server on the real Redis (test profile) for tests that only talk to it (the
-    client, the CLI, the cluster's reference), or take over from a server they kill."""
+    """A SmolLM2 server on the real Redis (test profile): the cluster's reference, and the
+    peer that takes over from test_engine_death.py's victim."""
     smollm2_server_start.wait_ready()
     return smollm2_server_start
 
@@ -199,12 +205,8 @@ def smollm2_server(smollm2_server_start: ServerProcess) -> ServerProcess:
 def engine_death_victim_start(
     request: pytest.FixtureRequest, server_factory: ServerFactory, smollm2_path: Path
 ) -> ServerProcess:
-    """test_engine_death.py's victim (SmolLM2, the real Redis), started, not waited for."""
-    server = server_factory(
-        wait=False, RAG_STREAM_MODEL=str(smollm2_path), RAG_STREAM_REDIS_URL=REDIS_URL
-    )
-    release_after_last_user(request, "engine_death_victim_start", server.stop)
-    return server
+    """test_engine_death.py's victim, started, not waited for."""
+    return _smollm2_on_redis(request, server_factory, smollm2_path, "engine_death_victim_start")
 
 
 @dataclass
