@@ -17,7 +17,7 @@ run: $(VENV)/.installed
 test:
 	$(BIN)/pytest -q -m "not extended" --durations=40
 
-# the whole suite, extended tests included (about 15 minutes more)
+# the whole suite, extended tests included (about 5 minutes more)
 test-all:
 	$(BIN)/pytest -q --durations=40
 
