@@ -52,7 +52,7 @@ from rag_stream.pipeline.answer import AnswerKind
 from rag_stream.pipeline.generate import GenerateKind
 from rag_stream.pipeline.job import JobKind
 from rag_stream.resources import Resources
-from rag_stream.retrieval.embedder import Embedder, SentenceTransformerEmbedder
+from rag_stream.retrieval.embedder import Embedder, load_embedder
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.stores import open_sparse_encoder, open_vector_store
 from rag_stream.settings import Settings, load_settings
@@ -93,7 +93,7 @@ async def _vllm_engine(settings: Settings) -> Engine:
 
 
 async def _st_embedder(settings: Settings) -> Embedder:
-    return await SentenceTransformerEmbedder.load(
+    return await load_embedder(
         settings.resolved_embedder,
         batch_size=settings.ingest.embed_batch_size,
         backend=settings.embedder_backend,

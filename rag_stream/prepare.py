@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_stream.errors import ConfigError
+from rag_stream.retrieval.onnx_embedder import reference_vector
 from rag_stream.retrieval.onnx_model import export_onnx, onnx_file
 from rag_stream.settings import DEFAULT_EMBEDDER_DIRNAME, DEFAULT_LLM_DIRNAME, Settings
 
@@ -161,6 +162,7 @@ def prepare_models(settings: Settings, *, force: bool = False, verify: bool = Tr
     if not onnx_file(embedder).exists():
         log.info("prepare: exporting the embedder to ONNX")
         log.info("prepare: embedder exported to %s", export_onnx(embedder))
+    reference_vector(embedder)  # what the export is checked against at each start (no torch)
 
     llm = models / DEFAULT_LLM_DIRNAME
     if force or not (llm / _DONE_MARKER).exists():

@@ -38,7 +38,7 @@ from rag_stream.ingest.parsing import parse_markdown
 from rag_stream.ingest.service import Ingestor
 from rag_stream.ingest.writer import IngestResult
 from rag_stream.retrieval.edge_bm25 import EdgeBm25
-from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
+from rag_stream.retrieval.embedder import LoadedEmbedder, TorchEmbedder, load_embedder
 from rag_stream.retrieval.qdrant_store import QdrantVectorStore
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import VectorPoint, VectorQuery
@@ -77,7 +77,7 @@ def synthetic_docs(n: int, seed: int = 7) -> list[str]:
 class Stores:
     """SQLite and Qdrant local in a fresh folder, with the real ingestor and retriever."""
 
-    def __init__(self, root: Path, embedder: SentenceTransformerEmbedder, ingest: IngestSettings):
+    def __init__(self, root: Path, embedder: LoadedEmbedder, ingest: IngestSettings):
         self.url = f"sqlite+aiosqlite:///{root / 'db.sqlite'}"
         self.root = root
         self.embedder = embedder
@@ -214,10 +214,12 @@ def spread(values: list[float]) -> str:
 async def main(args: argparse.Namespace) -> None:
     settings = load_settings(profile="default")
     ingest = settings.ingest
-    embedder = await SentenceTransformerEmbedder.load(
-        settings.resolved_embedder, batch_size=ingest.embed_batch_size
+    # the service's embedder (onnx by default); the raw comparison is sentence-transformers
+    embedder = await load_embedder(
+        settings.resolved_embedder, ingest.embed_batch_size, settings.embedder_backend
     )
-    model = embedder._model  # the very SentenceTransformer the ingestion path uses
+    model = (await TorchEmbedder.load(settings.resolved_embedder))._model
+    print(f"embedder backend: {embedder.backend}")
     docs = synthetic_docs(args.docs)
     await embedder.embed(["warm up the model once"] * 8)
     with tempfile.TemporaryDirectory() as tmp:  # warm up the whole ingestion path once
@@ -301,6 +303,7 @@ async def main(args: argparse.Namespace) -> None:
         "chunk_tokens": ingest.chunk_tokens,
         "chunk_overlap": ingest.chunk_overlap,
         "batch_size": ingest.embed_batch_size,
+        "embedder_backend": embedder.backend,
         "chunks_per_s": {"batched": ours, "one_by_one": single, "raw_encode": raw},
         "search_ms": {
             str(target): {"p50": p50, "p99": p99, "qdrant_p50": q50, "qdrant_p99": q99}

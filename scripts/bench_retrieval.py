@@ -49,7 +49,7 @@ from rag_stream.ingest.parsing import parse_markdown
 from rag_stream.ingest.service import Ingestor
 from rag_stream.retrieval.edge_bm25 import EdgeBm25
 from rag_stream.retrieval.edge_store import EdgeVectorStore
-from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
+from rag_stream.retrieval.embedder import LoadedEmbedder, load_embedder
 from rag_stream.retrieval.qdrant_store import QdrantVectorStore
 from rag_stream.retrieval.retriever import Retriever, SearchHit
 from rag_stream.retrieval.sparse import SparseEncoder
@@ -109,7 +109,7 @@ class Stack:
         self,
         root: Path,
         backend: str,
-        embedder: SentenceTransformerEmbedder,
+        embedder: LoadedEmbedder,
         sparse: SparseEncoder | None = None,  # edge's BM25 unless given
     ) -> None:
         self.root, self.backend, self.embedder = root, backend, embedder
@@ -251,7 +251,7 @@ def synthetic(n: int, vocab: list[str]) -> list[tuple[str, str]]:
     return docs
 
 
-async def ingestion(embedder: SentenceTransformerEmbedder, vocab: list[str], reps: int) -> Any:
+async def ingestion(embedder: LoadedEmbedder, vocab: list[str], reps: int) -> Any:
     docs = synthetic(24, vocab)
     ours: list[float] = []
     raw: list[float] = []
@@ -282,9 +282,7 @@ async def ingestion(embedder: SentenceTransformerEmbedder, vocab: list[str], rep
 
 async def main(args: argparse.Namespace) -> None:
     settings = load_settings()
-    embedder = await SentenceTransformerEmbedder.load(
-        settings.resolved_embedder, backend=settings.embedder_backend
-    )
+    embedder = await load_embedder(settings.resolved_embedder, backend=settings.embedder_backend)
     data = load_eval()
     vocab = vocabulary(data, random.Random(1))
     questions = [q for _, q, _ in data.questions]

@@ -44,7 +44,7 @@ from jieba_bm25 import JiebaBm25
 
 from rag_stream.ingest.parsing import parse_markdown
 from rag_stream.retrieval.edge_bm25 import EdgeBm25
-from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
+from rag_stream.retrieval.embedder import LoadedEmbedder, load_embedder
 from rag_stream.retrieval.sparse import SparseEncoder
 from rag_stream.retrieval.vector_store import RRF_K
 from rag_stream.settings import load_settings
@@ -89,7 +89,7 @@ def fused(q: Lists, k: int, rng: random.Random) -> list[str]:
 
 
 async def collect(
-    embedder: SentenceTransformerEmbedder, sparse: SparseEncoder, sets: dict[str, EvalSet]
+    embedder: LoadedEmbedder, sparse: SparseEncoder, sets: dict[str, EvalSet]
 ) -> dict[str, list[Lists]]:
     out: dict[str, list[Lists]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -153,7 +153,7 @@ def choose_k(summary: dict[str, dict[str, Any]], tune: str) -> int:
     return max(KS, key=score)
 
 
-async def chunk_texts(embedder: SentenceTransformerEmbedder, docs: list[tuple[str, str]]) -> Any:
+async def chunk_texts(embedder: LoadedEmbedder, docs: list[tuple[str, str]]) -> Any:
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack(Path(tmp), "edge", embedder)
         await stack.open()
@@ -214,7 +214,7 @@ def _lang(markdown: str) -> str:
 
 async def main(args: argparse.Namespace) -> None:
     settings = load_settings()
-    embedder = await SentenceTransformerEmbedder.load(settings.resolved_embedder)
+    embedder = await load_embedder(settings.resolved_embedder)
     sets = {name: load_eval(suffix) for name, suffix in SETS.items()}
     docs = [d for data in sets.values() for d in data.docs]
     chunks = {lang: await chunk_texts(embedder, [d for d in docs if _lang(d[1]) == lang])

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rag_stream.app import create_app
 from rag_stream.preflight import preflight
-from rag_stream.retrieval.embedder import Embedder, SentenceTransformerEmbedder
+from rag_stream.retrieval.embedder import Embedder, load_embedder
 from rag_stream.settings import Settings, load_settings
 from tests.support.slow_embedder import SlowEmbedder
 
@@ -29,7 +29,7 @@ def main() -> None:
     delay_s = float(os.environ.get("SLOW_RETRIEVAL_MS", "0")) / 1000
 
     async def slow(s: Settings) -> Embedder:
-        inner = await SentenceTransformerEmbedder.load(s.resolved_embedder)
+        inner = await load_embedder(s.resolved_embedder)
         return SlowEmbedder(inner, delay_s)
 
     app = create_app(settings, embedder_factory=slow)

@@ -20,7 +20,7 @@ from rag_stream.ingest.files import IngestSummary, collect_files, ensure_kb, ing
 from rag_stream.ingest.service import Ingestor
 from rag_stream.ingest.writer import IngestResult
 from rag_stream.retrieval.edge_store import StoreInUse
-from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
+from rag_stream.retrieval.embedder import load_embedder
 from rag_stream.retrieval.retriever import Retriever, SearchHit
 from rag_stream.retrieval.stores import (
     edge_path,
@@ -56,7 +56,7 @@ async def open_local_stack(settings: Settings) -> AsyncIterator[LocalStack]:
     vectors = open_vector_store(settings)
     db_engine, sessions = create_db(settings.resolved_database_url)
     try:
-        embedder = await SentenceTransformerEmbedder.load(
+        embedder = await load_embedder(
             settings.resolved_embedder,
             batch_size=settings.ingest.embed_batch_size,
             backend=settings.embedder_backend,
@@ -133,7 +133,7 @@ async def reindex_store(
 
     db_engine, sessions = create_db(settings.resolved_database_url)
     try:
-        embedder = await SentenceTransformerEmbedder.load(
+        embedder = await load_embedder(
             settings.resolved_embedder,
             batch_size=settings.ingest.embed_batch_size,
             backend=settings.embedder_backend,

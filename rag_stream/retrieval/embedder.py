@@ -1,17 +1,8 @@
-"""Sentence embeddings (sentence-transformers), always computed off the event loop.
+"""Sentence embeddings, always computed off the event loop: ``load_embedder`` picks a backend.
 
-Two backends run the same model: ``onnx`` (the default: the transformer on ONNX Runtime, see
-``onnx_model.py``; about 3x faster for one query on 2 cores) and ``torch``
-(``SentenceTransformer.encode``). Both use the model's tokenizer; onnx pools as the model's
-modules say (mean over the attention mask, then unit length), which ``load`` checks by
-comparing the two on a probe sentence.
-
-With onnx, only small calls (questions: up to ``ONNX_MAX_TEXTS`` texts) run on ONNX Runtime;
-ingestion's batches stay on torch. The throughput of the two is the same on batches, but
-ONNX Runtime's memory arena keeps the peak of its largest run: +1.2 GB after one batch of 64
-chunks of 256 tokens, measured, against torch's +0.24 GB (it took a CI run's engines out of
-memory). Both give the same vectors, so a question embedded by one finds chunks the other
-embedded.
+Two backends run the same model and give the same vectors: ``onnx`` (the default when it can:
+``onnx_embedder.py``, no torch; about 3x faster for one query on 2 cores and ~5 CPU-s quicker
+to load) and ``torch`` (sentence-transformers, here; any sentence-transformers model).
 """
 
 from __future__ import annotations
@@ -20,21 +11,19 @@ import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import numpy as np
 import numpy.typing as npt
 
 from rag_stream.errors import ConfigError
-from rag_stream.retrieval.onnx_model import OnnxTransformer, onnx_file
+from rag_stream.retrieval.onnx_embedder import OnnxEmbedder
 from rag_stream.settings import EmbedderBackend
 
 log = logging.getLogger(__name__)
 
 Vectors = npt.NDArray[np.float32]
-_PROBE = "How do I resume a stream? 如何恢复一个流？"
-ONNX_MAX_TEXTS = 8
 
 
 class Embedder(Protocol):
@@ -52,13 +41,34 @@ class Embedder(Protocol):
         ...
 
 
-class SentenceTransformerEmbedder:
-    def __init__(
-        self, model: Any, batch_size: int = 64, onnx: OnnxTransformer | None = None
-    ) -> None:
+async def load_embedder(
+    name_or_path: str, batch_size: int = 64, backend: EmbedderBackend = "torch"
+) -> LoadedEmbedder:
+    """``torch`` loads any sentence-transformers model; ``onnx`` needs a mean-pooled model and
+    the export prepare-models makes, and refuses to start without them; ``auto`` (the
+    service's default) takes onnx when it can and torch otherwise, saying why in the log."""
+    embedder: LoadedEmbedder
+    if backend == "torch":
+        embedder = await TorchEmbedder.load(name_or_path, batch_size)
+    else:
+        try:
+            embedder = await OnnxEmbedder.open(Path(name_or_path), batch_size)
+        except ConfigError as exc:
+            if backend == "onnx":
+                raise
+            # auto: any sentence-transformers model still runs, on torch
+            log.info("embedder: torch, not onnx: %s", exc.message)
+            embedder = await TorchEmbedder.load(name_or_path, batch_size)
+    log.info("embedder: loaded %s (%s)", name_or_path, embedder.backend)
+    return embedder
+
+
+class TorchEmbedder:
+    backend: Literal["torch"] = "torch"
+
+    def __init__(self, model: Any, batch_size: int = 64) -> None:
         self._model = model
         self._batch_size = batch_size
-        self._onnx = onnx
         self.dimension = int(model.get_sentence_embedding_dimension())
         self.max_seq_length = int(model.max_seq_length)
         self._tokenizer = model.tokenizer
@@ -71,80 +81,23 @@ class SentenceTransformerEmbedder:
         self._tokenizing = threading.Lock()
 
     @classmethod
-    async def load(
-        cls, name_or_path: str, batch_size: int = 64, backend: EmbedderBackend = "torch"
-    ) -> SentenceTransformerEmbedder:
-        """``torch`` loads any sentence-transformers model; ``onnx`` needs a mean-pooled model
-        and the export prepare-models makes, and refuses to start without them; ``auto`` (the
-        service's default) takes onnx when it can and torch otherwise, saying why in the log."""
-
-        def build() -> SentenceTransformerEmbedder:
+    async def load(cls, name_or_path: str, batch_size: int = 64) -> TorchEmbedder:
+        def build() -> TorchEmbedder:
             from sentence_transformers import SentenceTransformer
 
-            model = SentenceTransformer(name_or_path, device="cpu")
-            if backend == "torch":
-                return cls(model, batch_size)
-            try:
-                embedder = cls(model, batch_size, _onnx_transformer(model, name_or_path))
-                embedder._check_onnx(name_or_path)
-            except ConfigError as exc:
-                if backend == "onnx":
-                    raise
-                # auto: any sentence-transformers model still runs, on torch
-                log.info("embedder: torch, not onnx: %s", exc.message)
-                return cls(model, batch_size)
-            return embedder
+            return cls(SentenceTransformer(name_or_path, device="cpu"), batch_size)
 
-        embedder = await anyio.to_thread.run_sync(build)
-        log.info("embedder: loaded %s (%s)", name_or_path, embedder.backend)
-        return embedder
-
-    @property
-    def backend(self) -> EmbedderBackend:
-        """What runs the transformer: ``onnx`` or ``torch``."""
-        return "onnx" if self._onnx is not None else "torch"
-
-    def _check_onnx(self, name_or_path: str) -> None:
-        # A stale or wrong export, or a model that does not pool by the mean, gives other
-        # vectors than the ones already stored: refuse to start rather than search with them.
-        with self._tokenizing:
-            reference = self._torch_encode([_PROBE])
-        cosine = float(self.encode_sync([_PROBE])[0] @ reference[0])
-        if cosine < 0.9999:
-            raise ConfigError(
-                f"the ONNX export of {name_or_path} disagrees with the model (cosine {cosine:.5f}):"
-                " delete its onnx/ folder and run `rag-stream prepare-models`, or set "
-                "RAG_STREAM_EMBEDDER_BACKEND=torch"
-            )
+        return await anyio.to_thread.run_sync(build)
 
     def encode_sync(self, texts: Sequence[str]) -> Vectors:
         with self._tokenizing:
-            if self._onnx is not None and len(texts) <= ONNX_MAX_TEXTS:
-                return self._onnx_encode(self._onnx, list(texts))
-            return self._torch_encode(texts)
-
-    def _onnx_encode(self, onnx: OnnxTransformer, texts: list[str]) -> Vectors:
-        batch = self._tokenizer(
-            [t.strip() for t in texts],  # as sentence-transformers does
-            padding=True,
-            truncation=True,
-            max_length=self.max_seq_length,
-            return_tensors="np",
-        )
-        hidden = onnx(batch)
-        mask = np.asarray(batch["attention_mask"], dtype=np.float32)[..., None]
-        mean = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
-        norms = np.linalg.norm(mean, axis=1, keepdims=True)
-        return np.asarray(mean / np.maximum(norms, 1e-12), dtype=np.float32)
-
-    def _torch_encode(self, texts: Sequence[str]) -> Vectors:
-        vectors = self._model.encode(
-            list(texts),
-            batch_size=self._batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
+            vectors = self._model.encode(
+                list(texts),
+                batch_size=self._batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
         return np.asarray(vectors, dtype=np.float32)
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
@@ -162,18 +115,4 @@ class SentenceTransformerEmbedder:
         return [(int(a), int(b)) for a, b in enc["offset_mapping"]]
 
 
-def _onnx_transformer(model: Any, name_or_path: str) -> OnnxTransformer:
-    modules = [type(m).__name__ for m in model]
-    pooling = getattr(model[1], "pooling_mode", None) if len(modules) > 1 else None
-    if modules[:2] != ["Transformer", "Pooling"] or pooling != "mean":
-        raise ConfigError(
-            f"the onnx embedder backend runs mean-pooled models; {name_or_path} is "
-            f"{modules} (pooling {pooling!r}): set RAG_STREAM_EMBEDDER_BACKEND=torch"
-        )
-    path = onnx_file(Path(name_or_path))
-    if not path.exists():
-        raise ConfigError(
-            f"{path} is missing: run `rag-stream prepare-models` (it exports the default "
-            "embedder) or set RAG_STREAM_EMBEDDER_BACKEND=torch"
-        )
-    return OnnxTransformer(path)
+LoadedEmbedder = TorchEmbedder | OnnxEmbedder  # what ``load_embedder`` returns

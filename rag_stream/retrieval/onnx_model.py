@@ -6,7 +6,7 @@ same batch throughput and the same vectors (cosine >= 0.9999998 on English and C
 sentence-transformers has an ONNX backend, but it goes through optimum-onnx, whose every
 release pins transformers<4.58 while vLLM needs transformers>=5.16. So we export the
 transformer with ``torch.onnx`` (the ``onnx`` package, a ``models`` extra, is needed only then)
-and run it with onnxruntime; tokenization and pooling stay in ``embedder.py``.
+and run it with onnxruntime; tokenization and pooling are in ``onnx_embedder.py``.
 
 The file lives in the model's folder as ``onnx/model.onnx``, where sentence-transformers would
 put it too.
@@ -86,7 +86,14 @@ class OnnxTransformer:
         # 0.1 ms of CPU a query (10.9 against 10.7) and saved 1 ms of latency (5.4 against 6.5).
         # The default provider list puts Azure first; this is a local CPU model.
         self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        # The memory arena keeps the peak of its largest run: +1.2 GB after one batch of 64
+        # chunks of 256 tokens, measured. Shrinking it after each run gives that back (RSS
+        # +70 MB after such batches, against torch's +185) at the arena's speed; without an
+        # arena at all, batches ran slower.
+        self._run_options = ort.RunOptions()
+        self._run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
     def __call__(self, batch: dict[str, Any]) -> npt.NDArray[np.float32]:
         feed = {name: np.asarray(batch[name], dtype=np.int64) for name in INPUTS}
-        return np.asarray(self._session.run(None, feed)[0], dtype=np.float32)
+        out = self._session.run(None, feed, self._run_options)[0]
+        return np.asarray(out, dtype=np.float32)

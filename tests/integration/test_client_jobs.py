@@ -184,8 +184,12 @@ def test_following_a_job_rides_out_a_reset_connection(server: ServerProcess, kb:
 async def test_cancelling_a_job_mid_section_keeps_the_sections_written(
     server: ServerProcess, kb: str
 ) -> None:
+    # Three sections: the cancel goes out once the reader sees the second one begin, and a
+    # reader may lag the tiny model by a few hundred tokens on a busy machine; the job must
+    # still be running then, in its second section or its third.
+    outline = [*OUTLINE, "The town of Quimby"]
     async with AsyncClient(server.url) as client:
-        job = await client.create_job(kb, TITLE, outline=OUTLINE, section_tokens=300)
+        job = await client.create_job(kb, TITLE, outline=outline, section_tokens=300)
         events: list[Event] = []
         cancelled = None
         async for event in client.follow_job(job.id):
@@ -198,15 +202,18 @@ async def test_cancelling_a_job_mid_section_keeps_the_sections_written(
         done = events[-1]
         assert isinstance(done, Done) and done.finish_reason == "cancelled"
         assert [e.id for e in events] == list(range(len(events)))
-        assert [e.index for e in events if isinstance(e, SectionDone)] == [0]
+        written = [e.index for e in events if isinstance(e, SectionDone)]
+        assert written in ([0], [0, 1]), written
 
         result = await client.job_result(job.id)
         assert result.status == "cancelled" and not result.complete
-        assert [s.index for s in result.sections] == [0]
-        assert result.sections[0].text == _sections(events)[0]
+        assert [s.index for s in result.sections] == written
+        texts = _sections(events)
+        assert [s.text for s in result.sections] == [texts[i] for i in written]
         markdown = await client.job_markdown(job.id)
-        assert markdown.startswith(f"# {TITLE}\n") and f"## {OUTLINE[0]}" in markdown
-        assert f"## {OUTLINE[1]}" not in markdown
+        assert markdown.startswith(f"# {TITLE}\n")
+        assert all(f"## {outline[i]}" in markdown for i in written)
+        assert f"## {outline[len(written)]}" not in markdown
         assert (await client.get_job(job.id)).status == "cancelled"
         again = await client.cancel_job(job.id)  # a no-op once it ended
         assert again.status == "cancelled"

@@ -10,25 +10,28 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 
-from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
-
-# ruff: noqa: F811
-from tests.support.kb_stack import embedder  # noqa: F401
+from rag_stream.retrieval.embedder import LoadedEmbedder, load_embedder
 
 # short texts of different lengths (an encode pads them to one length), and short chunking
 # calls: many calls on both sides. On the old code this failed in 3 runs out of 4 with 6 s
-# (each time within its first ten encodes); it runs 8 s. A race: passing proves less than
-# failing would.
+# (each time within its first ten encodes); it runs 6 s a backend. A race: passing proves
+# less than failing would. The torch backend shares one tokenizer under a lock; the onnx one
+# has two, each configured once.
 TEXTS = [" ".join(["harbour"] * n) for n in (1, 3, 7, 2, 9, 4, 12, 5)]
 PIECE = "chunking the next upload"
 
 
-def test_chunking_in_other_threads_never_breaks_an_embedding(
-    embedder: SentenceTransformerEmbedder,
-) -> None:
+@pytest.fixture(params=["torch", "onnx"])
+async def embedder(request: pytest.FixtureRequest, embedder_path: Path) -> LoadedEmbedder:
+    return await load_embedder(str(embedder_path), backend=request.param)
+
+
+def test_chunking_in_other_threads_never_breaks_an_embedding(embedder: LoadedEmbedder) -> None:
     reference = embedder.encode_sync(TEXTS)
     stop = threading.Event()
     chunked = [0, 0]
@@ -44,7 +47,7 @@ def test_chunking_in_other_threads_never_breaks_an_embedding(
         thread.start()
     encodes = 0
     try:
-        deadline = time.monotonic() + 8
+        deadline = time.monotonic() + 6
         while time.monotonic() < deadline:
             vectors = embedder.encode_sync(TEXTS)  # raised ValueError before the fix
             assert np.allclose(vectors, reference, atol=1e-5)

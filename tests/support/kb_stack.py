@@ -26,7 +26,7 @@ from rag_stream.errors import VectorStoreUnavailable
 from rag_stream.ingest.service import Ingestor
 from rag_stream.retrieval.edge_bm25 import EdgeBm25
 from rag_stream.retrieval.edge_store import EdgeVectorStore
-from rag_stream.retrieval.embedder import SentenceTransformerEmbedder
+from rag_stream.retrieval.embedder import LoadedEmbedder, load_embedder
 from rag_stream.retrieval.qdrant_store import QdrantVectorStore
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import VectorStore
@@ -52,7 +52,7 @@ class Stack:
     db_engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     vectors: EdgeVectorStore | QdrantVectorStore
-    embedder: SentenceTransformerEmbedder
+    embedder: LoadedEmbedder
     sparse: EdgeBm25
     ingestor: Ingestor
     retriever: Retriever
@@ -114,7 +114,7 @@ def open_vectors(backend: str, folder: Path) -> EdgeVectorStore | QdrantVectorSt
 
 
 async def open_stack(
-    db_url: str, folder: Path, embedder: SentenceTransformerEmbedder, backend: str = "edge"
+    db_url: str, folder: Path, embedder: LoadedEmbedder, backend: str = "edge"
 ) -> Stack:
     vectors = open_vectors(backend, folder)
     unreachable = None
@@ -155,9 +155,9 @@ async def close_stack(stack: Stack) -> None:
 
 
 @pytest.fixture(scope="session")
-async def embedder(embedder_path: Path) -> SentenceTransformerEmbedder:
+async def embedder(embedder_path: Path) -> LoadedEmbedder:
     # The service's default backend (Settings.embedder_backend).
-    return await SentenceTransformerEmbedder.load(str(embedder_path), backend="onnx")
+    return await load_embedder(str(embedder_path), backend="onnx")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -184,7 +184,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def stack(
-    db_url: str, backend: str, tmp_path: Path, embedder: SentenceTransformerEmbedder
+    db_url: str, backend: str, tmp_path: Path, embedder: LoadedEmbedder
 ) -> AsyncIterator[Stack]:
     opened = await open_stack(db_url, tmp_path / "vectors", embedder, backend)
     try:

@@ -7,16 +7,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from rag_stream.retrieval.embedder import SentenceTransformerEmbedder, Vectors
+from rag_stream.retrieval.embedder import Embedder, Vectors
 
 
 class SlowEmbedder:
     """Each embedding waits ``delay_s`` first; with ``marker``, only the embedding of a single
     text (a search query) that holds it."""
 
-    def __init__(
-        self, inner: SentenceTransformerEmbedder, delay_s: float, marker: str | None = None
-    ) -> None:
+    def __init__(self, inner: Embedder, delay_s: float, marker: str | None = None) -> None:
         self._inner = inner
         self._delay_s = delay_s
         self._marker = marker

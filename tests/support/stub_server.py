@@ -25,7 +25,7 @@ from rag_stream.app import create_app
 from rag_stream.cli import uvicorn_options
 from rag_stream.generation.engine import Engine
 from rag_stream.preflight import migrate
-from rag_stream.retrieval.embedder import Embedder, SentenceTransformerEmbedder
+from rag_stream.retrieval.embedder import Embedder, load_embedder
 from rag_stream.settings import Settings, load_settings
 from tests.support.fakes import RecordingStubEngine, stub_engine
 from tests.support.slow_embedder import SlowEmbedder
@@ -54,7 +54,7 @@ def main() -> None:
     slow_s = float(os.environ.get("STUB_SLOW_QUERY_S", "0"))
 
     async def embedder(settings: Settings) -> Embedder:
-        inner = await SentenceTransformerEmbedder.load(
+        inner = await load_embedder(
             settings.resolved_embedder,
             batch_size=settings.ingest.embed_batch_size,
             backend=settings.embedder_backend,
