@@ -1,6 +1,7 @@
 """The cap on glibc's malloc arenas (rag_stream/malloc_arenas.py), in a process that encodes
-with the real embedder from several threads, as a server's request threads do: capped, glibc
-keeps two arenas; without the cap, one per thread that found the heap busy (13 seen here).
+with the real embedder (the default, onnx) from several threads, as a server's request threads
+do: capped, glibc keeps two arenas; without the cap, one per thread that found the heap busy
+(8 seen here; 13 with the torch backend).
 The soak (scripts/soak.py, docs/reliability.md) is where the held memory it saves shows."""
 
 from __future__ import annotations
@@ -15,19 +16,19 @@ import pytest
 from rag_stream.malloc_arenas import limit_malloc_arenas
 
 CHILD = """
-import ctypes, sys
+import asyncio, ctypes, sys
 from concurrent.futures import ThreadPoolExecutor
 
 from rag_stream.malloc_arenas import limit_malloc_arenas
 
 if sys.argv[1] == "capped":
     assert limit_malloc_arenas()
-from sentence_transformers import SentenceTransformer
+from rag_stream.retrieval.embedder import load_embedder
 
-model = SentenceTransformer(sys.argv[2], device="cpu")
+embedder = asyncio.run(load_embedder(sys.argv[2], batch_size=16, backend="onnx"))
 texts = [f"Lamp {i} was lit at dusk and {i * 7} ships passed. " * (1 + i % 5) for i in range(64)]
 with ThreadPoolExecutor(4) as pool:
-    list(pool.map(lambda _: model.encode(texts, batch_size=16), range(8)))
+    list(pool.map(lambda _: embedder.encode_sync(texts), range(8)))
 libc = ctypes.CDLL("libc.so.6")
 libc.fopen.restype = ctypes.c_void_p
 out = ctypes.c_void_p(libc.fopen(sys.argv[3].encode(), b"w"))
