@@ -69,7 +69,10 @@ class TorchEmbedder:
     def __init__(self, model: Any, batch_size: int = 64) -> None:
         self._model = model
         self._batch_size = batch_size
-        self.dimension = int(model.get_sentence_embedding_dimension())
+        # newer sentence-transformers (6.3 here) renamed it; the old name warns
+        dimension = getattr(model, "get_embedding_dimension", None)
+        dimension = dimension or model.get_sentence_embedding_dimension
+        self.dimension = int(dimension())
         self.max_seq_length = int(model.max_seq_length)
         self._tokenizer = model.tokenizer
         # A Hugging Face fast tokenizer is not safe to use from two threads at once: each call

