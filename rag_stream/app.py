@@ -92,7 +92,7 @@ async def _vllm_engine(settings: Settings) -> Engine:
     return await VLLMEngine.start(settings, kv_transfer_config=transfer_config(settings))
 
 
-async def _st_embedder(settings: Settings) -> Embedder:
+async def _default_embedder(settings: Settings) -> Embedder:
     return await load_embedder(
         settings.resolved_embedder,
         batch_size=settings.ingest.embed_batch_size,
@@ -130,7 +130,7 @@ def create_app(
     settings: Settings,
     *,
     engine_factory: EngineFactory = _vllm_engine,
-    embedder_factory: EmbedderFactory = _st_embedder,
+    embedder_factory: EmbedderFactory = _default_embedder,
     exit_on_engine_failure: bool = True,
     rtt_source: RttSource = kernel_rtt_ms,
 ) -> FastAPI:
