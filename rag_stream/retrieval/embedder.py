@@ -15,15 +15,12 @@ from typing import Any, Literal, Protocol
 
 import anyio
 import numpy as np
-import numpy.typing as npt
 
 from rag_stream.errors import ConfigError
-from rag_stream.retrieval.onnx_embedder import OnnxEmbedder
+from rag_stream.retrieval.onnx_embedder import OnnxEmbedder, Vectors
 from rag_stream.settings import EmbedderBackend
 
 log = logging.getLogger(__name__)
-
-Vectors = npt.NDArray[np.float32]
 
 
 class Embedder(Protocol):
