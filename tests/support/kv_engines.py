@@ -51,13 +51,13 @@ RUNS_FIRST = {
 MAX_ALIVE = 3  # a few GB each; A, the server and B, which run one after the other, start at once
 
 
-def settle(predicate: Callable[[], bool], timeout_s: float = 30) -> bool:
+def settle(predicate: Callable[[], bool], timeout_s: float = 30, poll_s: float = 0.2) -> bool:
     """Wait for asynchronous saves or counters; the tests assert on what was reached."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.2)
+        time.sleep(poll_s)
     return True
 
 
