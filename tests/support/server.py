@@ -60,7 +60,7 @@ class ServerProcess:
             start_new_session=True,
         )
 
-    def wait_ready(self, timeout: float = 300) -> None:
+    def wait_ready(self, timeout: float = 300, poll_s: float = 0.5) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -71,7 +71,7 @@ class ServerProcess:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.5)
+            time.sleep(poll_s)
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 40) -> str:
