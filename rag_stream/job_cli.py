@@ -9,7 +9,6 @@ id it saw (the job itself never depended on the connection).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import httpx
 from tqdm import tqdm
 
 from rag_stream.client import Client, Reconnect, RetryPolicy
-from rag_stream.client.options import JobOptions
+from rag_stream.client.options import JobOptions, base_url
 from rag_stream.errors import RagStreamError
 from rag_stream.schemas.events import (
     Done,
@@ -31,7 +30,6 @@ from rag_stream.schemas.events import (
 )
 from rag_stream.schemas.jobs import JobOut
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 # A job runs for minutes and does not depend on the connection: keep resuming for a while
 # (30 reconnections in a row without a new event, at most 2 s apart).
 FOLLOW_RETRY = RetryPolicy(max_retries=30, backoff_s=0.2, factor=1.5, max_backoff_s=2.0)
@@ -176,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rag-stream job: {exc.status_code} {exc.code}: {exc.message}", file=sys.stderr)
         return 1
     except httpx.HTTPError as exc:
-        print(f"rag-stream job: cannot reach {args.url}: {exc}", file=sys.stderr)
+        print(f"rag-stream job: cannot reach {base_url(args.url)}: {exc}", file=sys.stderr)
         return 1
     return code
 
@@ -184,8 +182,8 @@ def run(args: argparse.Namespace) -> int:
 def add_job_commands(sub: Any) -> None:
     """``rag-stream job ...`` (``sub``: the main parser's subparsers)."""
     job = sub.add_parser("job", help="long-document jobs on a running server")
-    job.add_argument("--url", default=os.environ.get("RAG_STREAM_URL", DEFAULT_URL))
-    job.add_argument("--api-key", default=os.environ.get("RAG_STREAM_API_KEY"))
+    job.add_argument("--url", help="the server (default: RAG_STREAM_URL, then :8000 here)")
+    job.add_argument("--api-key", help="an API key (default: RAG_STREAM_API_KEY)")
     job.set_defaults(func=run)
     job_sub = job.add_subparsers(dest="job_command", required=True)
 

