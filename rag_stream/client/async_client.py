@@ -1,4 +1,5 @@
-"""``AsyncClient``: rag-stream's HTTP API from async code (the twin of ``Client``)."""
+"""rag-stream's HTTP API, a method an endpoint: ``AsyncClient`` (async_client.py, written by
+hand) and ``Client`` (sync_client.py, generated from it by scripts/gen_sync_client.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar, Unpack
 
-import anyio
 import httpx
 
 from rag_stream.client import calls
 from rag_stream.client.async_stream import AsyncEventStream
 from rag_stream.client.errors import api_error
+from rag_stream.client.flavours import aread_bytes
 from rag_stream.client.options import (
     DEFAULT_TIMEOUT,
     AnswerOptions,
@@ -49,8 +50,12 @@ FileInput = str | PathLike[str] | tuple[str, bytes]
 
 
 class AsyncClient:
-    """As ``Client``, with ``await`` (and ``async for`` over ``ask``, ``generate``, ``follow``
-    and ``follow_job``); close it with ``aclose()`` or ``async with``."""
+    """``url``: default ``RAG_STREAM_URL``, then http://127.0.0.1:8000; ``api_key``: default
+    ``RAG_STREAM_API_KEY`` (sent as a Bearer token). Error answers raise rag-stream's typed
+    errors (``client.errors``). ``ask``, ``generate``, ``follow`` and ``follow_job`` resume a
+    dropped stream by themselves under ``retry``, calling ``on_reconnect`` before each new
+    connection. ``AsyncClient`` is the same with ``await`` (``async for`` over the streams) and
+    is closed with ``aclose()`` or ``async with``."""
 
     def __init__(
         self,
@@ -159,7 +164,7 @@ class AsyncClient:
             name, content = file
         else:
             path = Path(file)
-            name, content = path.name, await anyio.Path(path).read_bytes()
+            name, content = path.name, await aread_bytes(path)
         upload = calls.upload_file(kb, (name, content, content_type), title, source, metadata)
         return await self._send(upload)
 

@@ -1,4 +1,6 @@
-"""A stream's events for the async client, resumed across dropped connections (resume.py)."""
+"""A stream's events, resumed across dropped connections (the loop around resume.py's
+``Resumer``): ``AsyncEventStream`` (async_stream.py, written by hand) and ``EventStream``
+(sync_stream.py, generated from it by scripts/gen_sync_client.py)."""
 
 from __future__ import annotations
 
@@ -6,18 +8,21 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from types import TracebackType
 
-import anyio
 import httpx
 from httpx_sse import aconnect_sse
 
 from rag_stream.client.calls import StreamStart
+from rag_stream.client.flavours import asleep
 from rag_stream.client.resume import RETRYABLE, Resumer
 from rag_stream.schemas.events import Event
 
 
 class AsyncEventStream:
-    """``async for`` it for the stream's typed events (as ``EventStream``); ``aclose()`` or
-    ``async with`` closes the connection, and the stream goes on on the server."""
+    """Iterate it for the stream's typed events, ``stream`` first and ``done`` or ``error``
+    last, each id once and in order, across as many connections as it takes. ``stream_id`` is
+    known as soon as the server has answered (before any event is read). Closing it (or leaving
+    its ``with`` block) closes the connection; the stream goes on on the server.
+    ``AsyncEventStream`` is the same with ``async for``, ``async with`` and ``aclose()``."""
 
     def __init__(
         self, http: httpx.AsyncClient, start: StreamStart | None, resumer: Resumer
@@ -73,4 +78,4 @@ class AsyncEventStream:
                                 return
                 raise resumer.ended()
             except RETRYABLE as exc:
-                await anyio.sleep(resumer.failed(exc, starting=start is not None))
+                await asleep(resumer.failed(exc, starting=start is not None))

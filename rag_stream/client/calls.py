@@ -1,8 +1,11 @@
 """Every endpoint once, as a request and the typed result it answers with.
 
 ``Client`` and ``AsyncClient`` send the same ``Call``s, so the paths, bodies and result types
-live here and nowhere else. Requests are not validated here: the server checks every field
-and answers a bad one with a 422 naming it (raised as ``InvalidRequest``).
+live here and nowhere else. A JSON body is the server's own request model (``AnswerRequest``,
+``SearchRequest``, ...) built with ``model_construct``: mypy checks the field names and types
+against the model, but nothing is validated here. The server checks every field and answers a
+bad one with a 422 naming it (raised as ``InvalidRequest``), as it names an option the model
+does not have, which is sent as given rather than dropped.
 """
 
 from __future__ import annotations
@@ -18,20 +21,23 @@ import httpx
 from pydantic import BaseModel
 
 from rag_stream.client.options import AnswerOptions, GenerateOptions, JobOptions
-from rag_stream.schemas.answers import AnswerResponse, ConversationOut
+from rag_stream.schemas.answers import AnswerRequest, AnswerResponse, ConversationOut
 from rag_stream.schemas.conversations import ConversationList
-from rag_stream.schemas.generate import GenerateResponse
-from rag_stream.schemas.jobs import JobList, JobOut, JobResult
+from rag_stream.schemas.generate import GenerateRequest, GenerateResponse
+from rag_stream.schemas.jobs import JobList, JobOut, JobRequest, JobResult
 from rag_stream.schemas.kbs import (
     ChunkDetail,
+    DocumentCreate,
     DocumentDetail,
     DocumentPage,
     IngestOut,
+    KbCreate,
     KbList,
     KbOut,
     Metadata,
     MetaFilter,
     SearchMode,
+    SearchRequest,
     SearchResponse,
 )
 from rag_stream.schemas.openai import ModelCard, ModelList
@@ -92,12 +98,21 @@ def _page(limit: int, before: str | None) -> dict[str, str | int | bool]:
     return {"limit": limit, **({"before": before} if before is not None else {})}
 
 
-def _jsonable(fields: Mapping[str, object]) -> dict[str, Any]:
-    return {
-        k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v
-        for k, v in fields.items()
-        if v is not None
-    }
+def _given(**fields: object) -> dict[str, Any]:
+    """The fields given a value (None: left to the server's default)."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _body(request: BaseModel, options: Mapping[str, object] | None = None) -> dict[str, Any]:
+    """The JSON of the fields ``request`` was built with, but those set to None. ``options``
+    are keyword options as the caller passed them: one the model does not know is sent too,
+    for the server to reject by name."""
+    known = type(request).model_fields
+    unknown = _given(**{k: v for k, v in (options or {}).items() if k not in known})
+    given = {k for k in request.model_fields_set if getattr(request, k) is not None}
+    # include: each field given whole (exclude_unset would also thin a nested model);
+    # warnings=False: a value of another type than the field's (never validated) goes as given
+    return {**request.model_dump(mode="json", include=given, warnings=False), **unknown}
 
 
 # -- health ----------------------------------------------------------------------------------
@@ -115,7 +130,7 @@ def readyz() -> Call[Readiness]:
 
 
 def create_kb(name: str, description: str | None) -> Call[KbOut]:
-    body = _jsonable({"name": name, "description": description})
+    body = _body(KbCreate.model_construct(name=name, description=description))
     return Call("POST", "/v1/kbs", _model(KbOut), json=body)
 
 
@@ -143,15 +158,8 @@ def add_document(
     source: str | None,
     media_type: str | None,
 ) -> Call[IngestOut]:
-    body = _jsonable(
-        {
-            "title": title,
-            "text": text,
-            "metadata": metadata,
-            "source": source,
-            "media_type": media_type,
-        }
-    )
+    optional = _given(metadata=metadata, source=source, media_type=media_type)
+    body = _body(DocumentCreate.model_construct(title=title, text=text, **optional))
     return Call("POST", f"/v1/kbs/{_seg(kb)}/documents", _model(IngestOut), json=body)
 
 
@@ -162,7 +170,7 @@ def upload_file(
     source: str | None,
     metadata: Metadata | None,
 ) -> Call[IngestOut]:
-    form = _jsonable({"title": title, "source": source})
+    form = _given(title=title, source=source)
     if metadata is not None:
         form["metadata"] = json.dumps(metadata)
     return Call(
@@ -198,16 +206,10 @@ def search(
     mmr: bool | None,
     mode: SearchMode | None,
 ) -> Call[SearchResponse]:
-    body = _jsonable(
-        {
-            "query": query,
-            "top_k": top_k,
-            "filter": filter,
-            "score_threshold": score_threshold,
-            "mmr": mmr,
-            "mode": mode,
-        }
+    optional = _given(
+        top_k=top_k, filter=filter, score_threshold=score_threshold, mmr=mmr, mode=mode
     )
+    body = _body(SearchRequest.model_construct(query=query, **optional))
     return Call("POST", f"/v1/kbs/{_seg(kb)}/search", _model(SearchResponse), json=body)
 
 
@@ -215,7 +217,8 @@ def search(
 
 
 def ask(kb: str, question: str, options: AnswerOptions) -> StreamStart:
-    return StreamStart("/v1/answers", _jsonable({"kb": kb, "question": question, **options}))
+    request = AnswerRequest.model_construct(kb=kb, question=question, **options)
+    return StreamStart("/v1/answers", _body(request, options))
 
 
 def answer(kb: str, question: str, options: AnswerOptions) -> Call[AnswerResponse]:
@@ -224,7 +227,8 @@ def answer(kb: str, question: str, options: AnswerOptions) -> Call[AnswerRespons
 
 
 def generate(prompt: str, options: GenerateOptions) -> StreamStart:
-    return StreamStart("/v1/generate", _jsonable({"prompt": prompt, **options}))
+    request = GenerateRequest.model_construct(prompt=prompt, **options)
+    return StreamStart("/v1/generate", _body(request, options))
 
 
 def generate_text(prompt: str, options: GenerateOptions) -> Call[GenerateResponse]:
@@ -256,7 +260,7 @@ def conversation(conversation_id: str) -> Call[ConversationOut]:
 
 
 def create_job(kb: str, title: str, options: JobOptions) -> Call[JobOut]:
-    body = _jsonable({"kb": kb, "title": title, **options})
+    body = _body(JobRequest.model_construct(kb=kb, title=title, **options), options)
     return Call("POST", "/v1/jobs", _model(JobOut), json=body)
 
 

@@ -1,15 +1,16 @@
-"""Where the client connects, with which key, and how it retries a dropped stream."""
+"""Where the client connects, with which key, how it retries a dropped stream, and the options
+of the requests that take many."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypedDict
+from typing import TypedDict
 
 import httpx
 
-from rag_stream.schemas.generate import Coalesce
+from rag_stream.schemas.generate import CoalesceOption, MaxTokens, Priority, Seed
 from rag_stream.schemas.kbs import SearchMode
 
 URL_ENV = "RAG_STREAM_URL"
@@ -60,37 +61,42 @@ class Reconnect:
 OnReconnect = Callable[[Reconnect], None]
 
 
+# Keyword options: the optional fields of the server's request models. mypy holds each name and
+# type to the model's where calls.py builds the request (``model_construct(**options)``), and
+# tests/unit/test_client_requests.py checks that none is missing. Their rules are the models',
+# applied by the server: a bad value is a 422.
+
+
 class AnswerOptions(TypedDict, total=False):
-    """The optional fields of POST /v1/answers (``schemas/answers.py`` has their rules; the
-    server checks them and answers a bad one with a 422)."""
+    """The options of ``AnswerRequest`` (POST /v1/answers)."""
 
     conversation_id: str
     top_k: int
-    max_tokens: int
+    max_tokens: MaxTokens
     temperature: float
     top_p: float
-    seed: int
+    seed: Seed
     mmr: bool
     mode: SearchMode
-    coalesce: Coalesce | Literal["auto"]
-    priority: Literal["interactive", "batch"]
+    coalesce: CoalesceOption
+    priority: Priority
 
 
 class GenerateOptions(TypedDict, total=False):
-    """The optional fields of POST /v1/generate (``schemas/generate.py``)."""
+    """The options of ``GenerateRequest`` (POST /v1/generate)."""
 
-    max_tokens: int
+    max_tokens: MaxTokens
     temperature: float
     top_p: float
-    seed: int
+    seed: Seed
     chat: bool
-    coalesce: Coalesce | Literal["auto"]
-    priority: Literal["interactive", "batch"]
+    coalesce: CoalesceOption
+    priority: Priority
 
 
 class JobOptions(TypedDict, total=False):
-    """The optional fields of POST /v1/jobs (``schemas/jobs.py``): ``outline`` (the section
-    headings) or ``sections`` (how many for the model to plan)."""
+    """The options of ``JobRequest`` (POST /v1/jobs): ``outline`` (the section headings) or
+    ``sections`` (how many for the model to plan)."""
 
     outline: list[str]
     sections: int
@@ -99,4 +105,4 @@ class JobOptions(TypedDict, total=False):
     top_k: int
     mode: SearchMode
     temperature: float
-    seed: int
+    seed: Seed

@@ -1,11 +1,12 @@
 """Following one stream across connections: what to request, which events to pass on, and
 whether a failure is worth another connection.
 
-The sync and async event streams run the same loop around a ``Resumer``: open the request it
-names, hand it the response and then every SSE event, and on a failure ask it how long to wait
-before the next connection (or get the exception to raise). A stream is resumed from the last
-event id passed on (``Last-Event-ID``), so the caller sees ids 0, 1, 2, ... once each: at
-``/v1/streams/{id}/events``, or at the address it was followed from (a job's events).
+The event streams (async_stream.py, and sync_stream.py generated from it) run one loop around
+a ``Resumer``: open the request it names, hand it the response and then every SSE event, and
+on a failure ask it how long to wait before the next connection (or get the exception to
+raise). A stream is resumed from the last event id passed on (``Last-Event-ID``), so the
+caller sees ids 0, 1, 2, ... once each: at ``/v1/streams/{id}/events``, or at the address it
+was followed from (a job's events).
 
 Worth another connection: a transport error (refused, reset, timed out, cut mid-body), a body
 that ends before a terminal event, an ``error`` event without an id (a reader's own trouble,

@@ -1,4 +1,7 @@
-"""``Client``: rag-stream's HTTP API from synchronous code (``AsyncClient`` is its twin)."""
+# Generated from async_client.py by scripts/gen_sync_client.py: do not edit. Change
+# async_client.py and run `.venv/bin/python scripts/gen_sync_client.py`.
+"""rag-stream's HTTP API, a method an endpoint: ``AsyncClient`` (async_client.py, written by
+hand) and ``Client`` (sync_client.py, generated from it by scripts/gen_sync_client.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import httpx
 
 from rag_stream.client import calls
 from rag_stream.client.errors import api_error
+from rag_stream.client.flavours import read_bytes
 from rag_stream.client.options import (
     DEFAULT_TIMEOUT,
     AnswerOptions,
@@ -52,7 +56,8 @@ class Client:
     ``RAG_STREAM_API_KEY`` (sent as a Bearer token). Error answers raise rag-stream's typed
     errors (``client.errors``). ``ask``, ``generate``, ``follow`` and ``follow_job`` resume a
     dropped stream by themselves under ``retry``, calling ``on_reconnect`` before each new
-    connection."""
+    connection. ``AsyncClient`` is the same with ``await`` (``async for`` over the streams) and
+    is closed with ``aclose()`` or ``async with``."""
 
     def __init__(
         self,
@@ -161,7 +166,7 @@ class Client:
             name, content = file
         else:
             path = Path(file)
-            name, content = path.name, path.read_bytes()
+            name, content = path.name, read_bytes(path)
         upload = calls.upload_file(kb, (name, content, content_type), title, source, metadata)
         return self._send(upload)
 

@@ -1,15 +1,20 @@
-"""A stream's events for the sync client, resumed across dropped connections (see resume.py)."""
+# Generated from async_stream.py by scripts/gen_sync_client.py: do not edit. Change
+# async_stream.py and run `.venv/bin/python scripts/gen_sync_client.py`.
+"""A stream's events, resumed across dropped connections (the loop around resume.py's
+``Resumer``): ``AsyncEventStream`` (async_stream.py, written by hand) and ``EventStream``
+(sync_stream.py, generated from it by scripts/gen_sync_client.py)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator
+from contextlib import nullcontext
 from types import TracebackType
 
 import httpx
 from httpx_sse import connect_sse
 
 from rag_stream.client.calls import StreamStart
+from rag_stream.client.flavours import sleep
 from rag_stream.client.resume import RETRYABLE, Resumer
 from rag_stream.schemas.events import Event
 
@@ -18,7 +23,8 @@ class EventStream:
     """Iterate it for the stream's typed events, ``stream`` first and ``done`` or ``error``
     last, each id once and in order, across as many connections as it takes. ``stream_id`` is
     known as soon as the server has answered (before any event is read). Closing it (or leaving
-    its ``with`` block) closes the connection; the stream goes on on the server."""
+    its ``with`` block) closes the connection; the stream goes on on the server.
+    ``AsyncEventStream`` is the same with ``async for``, ``async with`` and ``aclose()``."""
 
     def __init__(self, http: httpx.Client, start: StreamStart | None, resumer: Resumer) -> None:
         self._http = http
@@ -37,7 +43,7 @@ class EventStream:
         return self
 
     def __next__(self) -> Event:
-        return next(self._events)
+        return self._events.__next__()
 
     def close(self) -> None:
         self._events.close()
@@ -53,7 +59,7 @@ class EventStream:
     ) -> None:
         self.close()
 
-    def _run(self, start: StreamStart | None) -> Generator[Event, None, None]:
+    def _run(self, start: StreamStart | None) -> Generator[Event, None]:
         resumer = self._resumer
         while True:
             try:
@@ -63,12 +69,13 @@ class EventStream:
                         source.response.read()
                     resumer.opened(source.response, starting=start is not None)
                     start = None
-                    for sse in source.iter_sse():
-                        event = resumer.accept(sse)
-                        if event is not None:
-                            yield event
-                        if resumer.finished:
-                            return
+                    with nullcontext(source.iter_sse()) as events:
+                        for sse in events:
+                            event = resumer.accept(sse)
+                            if event is not None:
+                                yield event
+                            if resumer.finished:
+                                return
                 raise resumer.ended()
             except RETRYABLE as exc:
-                time.sleep(resumer.failed(exc, starting=start is not None))
+                sleep(resumer.failed(exc, starting=start is not None))
