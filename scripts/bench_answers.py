@@ -34,7 +34,7 @@ from rag_stream.generation.engine import Sampling  # noqa: E402
 from rag_stream.generation.prompt import Turn, layout  # noqa: E402
 from rag_stream.settings import load_settings  # noqa: E402
 from rag_stream.store.models import Conversation, Message  # noqa: E402
-from scripts.benchstats import summary  # noqa: E402
+from scripts.benchkit import MODEL, MODELS, command, start_rag_stream, summary, write_json  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
 HISTORIES = (0, 512, 2048)
@@ -127,22 +127,14 @@ def timed_answer(client: httpx.Client, body: dict[str, Any]) -> dict[str, float]
 
 
 def start_server(data: Path, delay_ms: int = 0, **env: str) -> ServerProcess:
-    data.mkdir(parents=True, exist_ok=True)
-    log = data / f"server-{uuid.uuid4().hex[:6]}.log"
-    server = ServerProcess(
-        {
-            "RAG_STREAM_PROFILE": "default",
-            "RAG_STREAM_DATA_DIR": str(data),
-            "RAG_STREAM_MODELS_DIR": str(ROOT / ".data" / "models"),
-            "RAG_STREAM_INGEST__SAMPLE_KB": "false",
-            "RAG_STREAM_ANSWERS__HISTORY_BUDGET_TOKENS": "3000",
-            "RAG_STREAM_LOG_LEVEL": "warning",
-            "SLOW_RETRIEVAL_MS": str(delay_ms),
-            **env,
-        },
-        log,
-        command=[sys.executable, str(ROOT / "scripts" / "serve_slow_retrieval.py")],
-    )
+    """The real engine, retrieval made ``delay_ms`` slower (scripts/serve_slow_retrieval.py)."""
+    env = {
+        "RAG_STREAM_ANSWERS__HISTORY_BUDGET_TOKENS": "3000",
+        "SLOW_RETRIEVAL_MS": str(delay_ms),
+        **env,
+    }
+    slow = [sys.executable, str(ROOT / "scripts" / "serve_slow_retrieval.py")]
+    server = start_rag_stream(data, env, argv=slow)
     server.wait_ready()
     return server
 
@@ -206,12 +198,12 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "answers.json")
     args = parser.parse_args()
-    os.environ.setdefault("RAG_STREAM_MODELS_DIR", str(ROOT / ".data" / "models"))
+    os.environ.setdefault("RAG_STREAM_MODELS_DIR", str(MODELS))
     os.environ.setdefault("RAG_STREAM_DATA_DIR", str(ROOT / ".data"))
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(ROOT / ".data/models/SmolLM2-135M-Instruct"))
-    report: dict[str, Any] = {"trials": args.trials, "command": " ".join(sys.argv)}
+    tokenizer = AutoTokenizer.from_pretrained(str(MODEL))
+    report: dict[str, Any] = {"trials": args.trials, "command": command()}
     raw, _ = asyncio.run(raw_engine_ttft(args.trials))
     with tempfile.TemporaryDirectory() as tmp:
         service = service_ttft_no_retrieval(Path(tmp) / "a", args.trials)
@@ -227,8 +219,7 @@ def main() -> None:
                 data = Path(tmp) / key
                 report[key] = run_variant(data, args.trials, tokenizer, overlap, delay)
                 print(key, json.dumps(report[key]), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 

@@ -34,15 +34,16 @@ sys.path.insert(0, str(ROOT))
 
 from memory_by_action import act, held_mb, seed, start_server  # noqa: E402
 
+from scripts.benchkit import alternate, command, percentile  # noqa: E402
+
 CONFIGS = {
     "capped": {},  # the service's own cap (no MALLOC_ARENA_MAX in its environment)
     "glibc": {"MALLOC_ARENA_MAX": str(8 * (os.cpu_count() or 1))},
 }
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+def _ms(seconds: list[float], q: float) -> float:
+    return round(1000 * percentile(seconds, q), 1) if seconds else float("nan")
 
 
 def run_round(config: str, seconds: float, users: int, round_seed: int) -> dict[str, object]:
@@ -83,10 +84,10 @@ def run_round(config: str, seconds: float, users: int, round_seed: int) -> dict[
                 "actions_per_s": round(done / seconds, 2),
                 "searches": len(latencies["search"]),
                 "uploads": len(latencies["upload"]),
-                "search_ms_p50": round(1000 * _percentile(latencies["search"], 0.5), 1),
-                "search_ms_p99": round(1000 * _percentile(latencies["search"], 0.99), 1),
-                "upload_ms_p50": round(1000 * _percentile(latencies["upload"], 0.5), 1),
-                "upload_ms_p99": round(1000 * _percentile(latencies["upload"], 0.99), 1),
+                "search_ms_p50": _ms(latencies["search"], 0.5),
+                "search_ms_p99": _ms(latencies["search"], 0.99),
+                "upload_ms_p50": _ms(latencies["upload"], 0.5),
+                "upload_ms_p99": _ms(latencies["upload"], 0.99),
                 "held_anon_mb": held_mb(server.proc.pid),
                 "errors": errors[:5],
                 "error_count": len(errors),
@@ -104,12 +105,11 @@ def main() -> None:
     os.environ.pop("MALLOC_ARENA_MAX", None)  # the servers inherit this environment
     rounds: list[dict[str, object]] = []
     for r in range(args.rounds):
-        order = ["capped", "glibc"] if r % 2 == 0 else ["glibc", "capped"]
-        for config in order:
+        for config in alternate(list(CONFIGS), r):
             result = {"round": r, **run_round(config, args.seconds, args.users, round_seed=r + 1)}
             rounds.append(result)
             print(json.dumps(result), flush=True)
-    summary: dict[str, object] = {"command": " ".join(sys.argv), "users": args.users}
+    summary: dict[str, object] = {"command": command(), "users": args.users}
     for config in CONFIGS:
         mine = [x for x in rounds if x["config"] == config]
         for field in (

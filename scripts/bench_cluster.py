@@ -24,7 +24,6 @@ import concurrent.futures
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -38,14 +37,20 @@ from httpx_sse import connect_sse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.benchstats import cpu_seconds, summary  # noqa: E402
+from scripts.benchkit import (  # noqa: E402
+    MODEL,
+    alternate,
+    command,
+    cpu_seconds,
+    summary,
+    write_json,
+)
 from tests.support.cluster import Cluster, Node  # noqa: E402
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get(
     "TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 )
-MODEL = ROOT / ".data" / "models" / "SmolLM2-135M-Instruct"
 TOPICS = [
     "a lighthouse", "a bakery", "a glacier", "a library", "a night train", "a vineyard",
     "a beehive", "a harbour", "a desert well", "a clock tower", "an orchard", "a mine",
@@ -187,7 +192,7 @@ def main() -> None:
             cluster.stop()
     print(json.dumps(report, indent=2))
     if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.out, report)
 
 
 def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
@@ -195,9 +200,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     generate(cluster.apis[0].url, "Warm up.", 8)
     generate(cluster.apis[1].url, "Warm up.", 8)
     per: dict[str, list[dict[str, Any]]] = {"1": [], "2": []}
-    order = [("1", "2"), ("2", "1")]
     for r in range(args.rounds):
-        for setup in order[r % 2]:
+        for setup in alternate(("1", "2"), r):
             apis = cluster.apis[:1] if setup == "1" else cluster.apis[:2]
             per[setup].append(
                 throughput_round(apis, args.clients, args.per_client, args.max_tokens, f"{tag}{r}")
@@ -220,7 +224,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         )
         print(name, routing[name], flush=True)
     return {
-        "command": "scripts/bench_cluster.py " + " ".join(sys.argv[1:]),
+        "command": command(),
         "setup": {
             "engines": "2 vLLM OpenAI servers, SmolLM2-135M-Instruct float32, KV connector on",
             "clients": args.clients,
@@ -233,7 +237,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         },
         "throughput": throughput,
         "two_over_one_tokens_per_s": summary(ratio, 3),
-        "two_over_one_median": round(statistics.median(ratio), 3),
+        "two_over_one_median": summary(ratio, 3)["p50"],
         "routing": routing,
     }
 

@@ -29,27 +29,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.benchstats import TICK, summary  # noqa: E402
+from scripts.benchkit import alternate, command, summary, tree_cpu_seconds, write_json  # noqa: E402
 
 PROBE = (
     "import time\nt = time.time(); n = 0\n"
     "while time.time() - t < {s}:\n    sum(range(10000)); n += 1\nprint(n)"
 )
-
-
-def tree_cpu(session: int) -> float:
-    """utime+stime of every live process in ``session`` (the engine and its core)."""
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session:
-            total += int(fields[11]) + int(fields[12])
-    return total / TICK
 
 
 async def child(executor: str, prompts: int, max_tokens: int, probe_s: float) -> None:
@@ -58,14 +43,14 @@ async def child(executor: str, prompts: int, max_tokens: int, probe_s: float) ->
     from rag_stream.generation.vllm_engine import VLLMEngine
     from rag_stream.settings import load_settings
 
-    session = os.getsid(0)
+    me = os.getpid()  # with the engine core, when the executor starts one
     started = time.monotonic()
     settings = load_settings(
         profile="default", dtype="float32", engine={"cpu_executor": executor, "kv_cache_gb": 0.5}
     )
     engine = await VLLMEngine.start(settings)
     start_wall = time.monotonic() - started
-    start_cpu = tree_cpu(session)
+    start_cpu = tree_cpu_seconds(me)
     sampling = Sampling(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
     async def decode(i: int, nonce: bool = True) -> list[int]:
@@ -80,11 +65,11 @@ async def child(executor: str, prompts: int, max_tokens: int, probe_s: float) ->
 
     # unmeasured warm-up, on the same prompt in every run: its ids are compared across runs
     reference = await decode(-1, nonce=False)
-    cpu0, wall0 = tree_cpu(session), time.monotonic()
+    cpu0, wall0 = tree_cpu_seconds(me), time.monotonic()
     for i in range(prompts):
         await decode(i)
-    decode_wall, decode_cpu = time.monotonic() - wall0, tree_cpu(session) - cpu0
-    # the probe runs outside this session, so it is not in the engine's CPU
+    decode_wall, decode_cpu = time.monotonic() - wall0, tree_cpu_seconds(me) - cpu0
+    # the probe starts once the engine's CPU time has been read
     probe = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -154,8 +139,7 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     for r in range(args.rounds):
         alone = probe_alone(args.probe_s)
-        order = ("uni", "mp") if r % 2 == 0 else ("mp", "uni")
-        for executor in order:
+        for executor in alternate(("uni", "mp"), r):
             run = run_one(executor, args)
             run["round"] = r
             run["probe_share"] = run["probe_while_decoding"] / alone
@@ -168,7 +152,11 @@ def main() -> None:
                 flush=True,
             )
     same = len({tuple(run["token_ids"]) for run in runs}) == 1
-    report: dict[str, Any] = {"same_tokens_everywhere": same, "args": vars(args) | {"out": None}}
+    report: dict[str, Any] = {
+        "command": command(),
+        "same_tokens_everywhere": same,
+        "args": vars(args) | {"out": None},
+    }
     for executor in ("uni", "mp"):
         mine = [run for run in runs if run["executor"] == executor]
         report[executor] = {
@@ -191,7 +179,7 @@ def main() -> None:
     report["runs"] = [{k: v for k, v in run.items() if k != "token_ids"} for run in runs]
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=1))
     if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        write_json(args.out, report, indent=1)
     if not same:
         print("the executors gave different tokens", file=sys.stderr)
         sys.exit(1)

@@ -26,17 +26,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -47,53 +45,28 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scripts.bench_streams import start_stub  # noqa: E402
-from scripts.benchstats import cpu_seconds, summary  # noqa: E402
-from tests.support.server import ServerProcess, free_port  # noqa: E402
-
-MODELS = ROOT / ".data" / "models"
-MODEL = MODELS / "SmolLM2-135M-Instruct"
-SERVED = "smol"
-MAX_MODEL_LEN, MAX_NUM_SEQS, KV_GB = 4096, 32, 1.0
-COALESCE = {"tokens": 3, "ms": 20}
-TOPICS = (
-    "volcanoes", "tides", "photosynthesis", "the printing press", "honeybees", "glaciers",
-    "compound interest", "the Roman aqueducts", "jet engines", "coral reefs", "vaccines",
-    "the water cycle", "black holes", "sourdough bread", "the Silk Road", "solar panels",
-    "migratory birds", "the stock market", "earthquakes", "chess openings", "rainforests",
-    "the human heart", "lighthouses", "electric cars", "the Moon's phases", "coffee roasting",
-    "recycling plastics", "the Great Wall", "hurricanes", "octopuses", "wind turbines",
-    "the immune system", "maps and compasses", "deserts", "the violin", "public libraries",
-    "bridges", "penguins", "the internet", "tea ceremonies",
-)  # fmt: skip
-TEMPLATES = (
-    "Explain {} to a curious ten-year-old.",
-    "Give three surprising facts about {}.",
-    "Write a short paragraph on why {} matter to everyday life.",
-    "What are the most common misconceptions about {}?",
-    "Describe how {} work, step by step.",
+from scripts.benchkit import (  # noqa: E402
+    RAW_SERVED,
+    across,
+    alternate,
+    cell,
+    cmdline,
+    command,
+    cpu_seconds,
+    engine_env,
+    private_redis,
+    question,
+    ratio,
+    start_rag_stream,
+    start_raw_vllm,
+    summary,
+    wait_health,
+    write_json,
 )
+from tests.support.server import ServerProcess  # noqa: E402
+from tests.support.sse_async import TimedFrame, timed_frames  # noqa: E402
 
-
-def question(c: int, rnd: int, i: int) -> str:
-    """A prompt never used before in the run: the nonce comes first."""
-    topic = TOPICS[(7 * i + 3 * rnd + c) % len(TOPICS)]
-    return f"Request {c}-{rnd}-{i}. " + TEMPLATES[(i + rnd) % len(TEMPLATES)].format(topic)
-
-
-async def sse(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
-    """(event, data) of each SSE event; comments and ids are skipped."""
-    event, data = "message", list[str]()
-    async for line in response.aiter_lines():
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-    if data:
-        yield event, "\n".join(data)
+COALESCE = {"tokens": 3, "ms": 20}
 
 
 class Step(NamedTuple):
@@ -104,7 +77,7 @@ class Step(NamedTuple):
 
 def raw_body(q: str, max_tokens: int) -> dict[str, Any]:
     return {
-        "model": SERVED,
+        "model": RAW_SERVED,
         "messages": [{"role": "user", "content": q}],
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -113,10 +86,10 @@ def raw_body(q: str, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def raw_step(event: str, data: str) -> Step:
-    if data == "[DONE]":
+def raw_step(frame: TimedFrame) -> Step:
+    chunk = frame.data
+    if chunk == "[DONE]":
         return Step()
-    chunk = json.loads(data)
     if "error" in chunk:
         raise RuntimeError(f"raw: {chunk['error']}")
     choices, usage = chunk.get("choices") or [], chunk.get("usage")
@@ -129,14 +102,14 @@ def ours_body(q: str, max_tokens: int) -> dict[str, Any]:
     return {"prompt": q, "chat": True, "max_tokens": max_tokens, "temperature": 0, "stream": True}
 
 
-def ours_step(event: str, data: str) -> Step:
-    if event == "token":
+def ours_step(frame: TimedFrame) -> Step:
+    if frame.event == "token":
         return Step(token=True)
-    if event == "done":
-        done = json.loads(data)
+    if frame.event == "done":
+        done = frame.data
         return Step(False, done["usage"]["completion_tokens"], done["finish_reason"])
-    if event == "error":
-        raise RuntimeError(f"ours: {data}")
+    if frame.event == "error":
+        raise RuntimeError(f"ours: {frame.data}")
     return Step()
 
 
@@ -146,7 +119,7 @@ class Target:
     url: str
     pid: int
     body: Callable[[str, int], dict[str, Any]]
-    read: Callable[[str, str], Step]
+    read: Callable[[TimedFrame], Step]
 
 
 async def one_request(
@@ -159,8 +132,8 @@ async def one_request(
         if response.status_code != 200:
             body = (await response.aread())[:300]
             raise RuntimeError(f"{target.name}: HTTP {response.status_code}: {body!r}")
-        async for event, data in sse(response):
-            step = target.read(event, data)
+        async for frame in timed_frames(response):
+            step = target.read(frame)
             if step.token:
                 last = time.perf_counter()
                 first = first or last
@@ -206,73 +179,10 @@ async def run_batch(
     }
 
 
-def start_redis() -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, f"redis://127.0.0.1:{port}/0"
-        time.sleep(0.1)
-    proc.kill()
-    raise TimeoutError("redis-server did not start")
-
-
-def start_raw(log: Path) -> ServerProcess:
-    port = free_port()
-    command = [
-        *(sys.executable, "-m", "vllm.entrypoints.openai.api_server"),
-        *("--model", str(MODEL), "--served-model-name", SERVED, "--dtype", "float32"),
-        *("--enable-prefix-caching", "--enforce-eager", "--seed", "0"),
-        *("--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS)),
-        *("--kv-cache-memory-bytes", str(int(KV_GB * (1 << 30)))),
-        *("--gpu-memory-utilization", "0.3"),  # as rag_stream/generation/vllm_engine.py
-        *("--disable-uvicorn-access-log", "--port", str(port), "--host", "127.0.0.1"),
-    ]  # fmt: skip
-    return ServerProcess({}, log, port=port, command=command)
-
-
-def start_ours(data: Path, redis_url: str) -> ServerProcess:
-    env = {
-        "RAG_STREAM_PROFILE": "default",
-        "RAG_STREAM_DATA_DIR": str(data),
-        "RAG_STREAM_MODELS_DIR": str(MODELS),
-        "RAG_STREAM_REDIS_URL": redis_url,
-        "RAG_STREAM_INGEST__SAMPLE_KB": "false",
-        "RAG_STREAM_LOG_LEVEL": "warning",
-        "RAG_STREAM_ENGINE__MAX_NUM_SEQS": str(MAX_NUM_SEQS),
-        "RAG_STREAM_ENGINE__MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-        "RAG_STREAM_ENGINE__KV_CACHE_GB": str(KV_GB),
-        "RAG_STREAM_DTYPE": "float32",
-    }
-    return ServerProcess(env, data / "ours.log")
-
-
-def wait_health(server: ServerProcess, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"raw vLLM exited:\n{server.log_tail()}")
-        try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"raw vLLM not healthy after {timeout} s:\n{server.log_tail()}")
-
-
 # per target and round -> median and spread across rounds (with these digits)
 METRICS = {"ttft_ms_p50": 1, "ttft_ms_p99": 1, "tpot_ms_p50": 2, "tokens_per_s": 1}
 METRICS["cpu_us_per_token"] = 0
 RATIOS = ("ttft_ms_p50", "tokens_per_s", "cpu_us_per_token")
-
-
-def across(values: list[float | None], digits: int) -> dict[str, float]:
-    kept = [v for v in values if v is not None]
-    return summary(kept, digits=digits) if kept else {}
 
 
 async def engine_rounds(args: argparse.Namespace, raw: Target, ours: Target) -> dict[str, Any]:
@@ -288,14 +198,12 @@ async def engine_rounds(args: argparse.Namespace, raw: Target, ours: Target) -> 
             rounds = []
             for rnd in range(args.rounds):
                 prompts = [question(c, rnd, i) for i in range(n)]
-                order = (raw, ours) if rnd % 2 == 0 else (ours, raw)
+                order = alternate((raw, ours), rnd)
                 row: dict[str, Any] = {"round": rnd, "first": order[0].name}
                 for target in order:
                     row[target.name] = await run_batch(client, target, prompts, c, args.max_tokens)
                 r, o = row["raw"], row["ours"]
-                row["ratios"] = {
-                    k: round(o[k] / r[k], 3) if r[k] and o[k] else None for k in RATIOS
-                }
+                row["ratios"] = {k: ratio(o[k], r[k]) for k in RATIOS}
                 pairs = zip(r["tokens_per_request"], o["tokens_per_request"], strict=True)
                 row["token_count_mismatches"] = sum(a != b for a, b in pairs)
                 print(f"c={c} round {rnd}:", {k: row[k] for k in ("first", "ratios")}, flush=True)
@@ -309,20 +217,20 @@ async def engine_rounds(args: argparse.Namespace, raw: Target, ours: Target) -> 
 
 
 def engine_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str, Any]:
-    (base / "ours").mkdir()
     servers: list[ServerProcess] = []
     spy: subprocess.Popen[bytes] | None = None
     report: dict[str, Any] = {}
     try:  # both load at once (~30-60 s each), then wait for both
-        servers += [start_raw(base / "raw-vllm.log"), start_ours(base / "ours", redis_url)]
+        ours_env = {"RAG_STREAM_REDIS_URL": redis_url, **engine_env()}
+        servers += [
+            start_raw_vllm(base / "raw-vllm.log"),
+            start_rag_stream(base / "ours", ours_env),
+        ]
         raw_server, ours_server = servers
         wait_health(raw_server)
         ours_server.wait_ready(600)
         pids = {"raw": raw_server.proc.pid, "ours": ours_server.proc.pid}
-        report["measured_processes"] = {
-            k: Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ").strip()
-            for k, p in pids.items()
-        }
+        report["measured_processes"] = {k: cmdline(p) for k, p in pids.items()}
         assert "vllm.entrypoints.openai.api_server" in report["measured_processes"]["raw"]
         assert "-m rag_stream serve" in report["measured_processes"]["ours"]
         if args.profile_ours:
@@ -333,8 +241,8 @@ def engine_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[st
             else:
                 out = str(args.profile_ours)
                 # collapsed stacks (text): flamegraph tools and a grep read them
-                command = [exe, "record", "-f", "raw", "-r", "200", "-o", out]
-                spy = subprocess.Popen([*command, "--pid", str(pids["ours"])])
+                record = [exe, "record", "-f", "raw", "-r", "200", "-o", out]
+                spy = subprocess.Popen([*record, "--pid", str(pids["ours"])])
                 report["profiled_ours"] = out  # sampling slows ours down: ratios are skewed
         raw_url = raw_server.url + "/v1/chat/completions"
         raw = Target("raw", raw_url, pids["raw"], raw_body, raw_step)
@@ -359,10 +267,10 @@ async def stub_batch(
 
     async def one(client: httpx.AsyncClient) -> None:
         async with client.stream("POST", "/v1/generate", json=body) as response:
-            async for event, data in sse(response):
+            async for frame in timed_frames(response):
                 counts["events"] += 1
-                if event == "token":
-                    counts["tokens"] += len(json.loads(data)["token_ids"])
+                if frame.event == "token":
+                    counts["tokens"] += len(frame.data["token_ids"])
 
     limits = httpx.Limits(max_connections=streams)
     async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
@@ -387,11 +295,8 @@ def stub_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str,
     report: dict[str, Any] = {"streams": args.stub_streams, "tokens": args.stub_tokens}
     try:
         for checkpoint in (True, False):
-            data = base / f"stub-{checkpoint}"
-            data.mkdir()
-            servers[f"checkpoint_{'on' if checkpoint else 'off'}"] = start_stub(
-                data, redis_url, checkpoint
-            )
+            name = f"checkpoint_{'on' if checkpoint else 'off'}"
+            servers[name] = start_stub(base / f"stub-{checkpoint}", redis_url, checkpoint)
         probe = {"prompt": "bench", "max_tokens": 4, "stream": False, "coalesce": COALESCE}
         status = httpx.post(servers["checkpoint_on"].url + "/v1/generate", json=probe).status_code
         if status not in (200, 422):
@@ -404,7 +309,7 @@ def stub_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str,
             asyncio.run(stub_batch(server, 4, 50, None))
         rows: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
         for rnd in range(args.stub_rounds):
-            for name, coalesce in variants if rnd % 2 == 0 else variants[::-1]:
+            for name, coalesce in alternate(variants, rnd):
                 server = servers[name.split("+")[0]]
                 row = asyncio.run(stub_batch(server, args.stub_streams, args.stub_tokens, coalesce))
                 print(f"stub round {rnd} {name}:", row, flush=True)
@@ -420,12 +325,6 @@ def stub_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str,
     return report
 
 
-def cell(s: dict[str, float]) -> str:
-    if not s:
-        return "–"
-    return f"{s['p50']:g}" if s["n"] == 1 else f"{s['p50']:g} ({s['min']:g}–{s['max']:g})"
-
-
 def markdown(report: dict[str, Any]) -> str:
     lines = []
     if "engine" in report:
@@ -438,8 +337,8 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(
                     f"| {c} | {label} | {' | '.join(cell(agg[name][k]) for k in METRICS)} |"
                 )
-            ratio = agg["ours_over_raw"]
-            cells = [cell(ratio[k]) if k in ratio else "" for k in METRICS]
+            ratios = agg["ours_over_raw"]
+            cells = [cell(ratios[k]) if k in ratios else "" for k in METRICS]
             lines.append(f"| {c} | **ours / raw** | {' | '.join(cells)} |")
     if "stub" in report:
         lines += [
@@ -478,21 +377,14 @@ def main() -> None:
         "by default)",
     )
     args = parser.parse_args()
-    report: dict[str, Any] = {"command": " ".join(sys.argv), "loadavg_start": os.getloadavg()}
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp)
-        redis_proc, redis_url = start_redis()
-        try:
-            if not args.skip_engine:
-                report["engine"] = engine_part(args, base, redis_url)
-            if not args.skip_stub:
-                report["stub"] = stub_part(args, base, redis_url)
-        finally:
-            redis_proc.kill()
-            redis_proc.wait()
+    report: dict[str, Any] = {"command": command(), "loadavg_start": os.getloadavg()}
+    with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp) / "redis") as redis:
+        if not args.skip_engine:
+            report["engine"] = engine_part(args, Path(tmp), redis.url)
+        if not args.skip_stub:
+            report["stub"] = stub_part(args, Path(tmp), redis.url)
     report["loadavg_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     print(markdown(report))
     print(f"wrote {args.out}")
 

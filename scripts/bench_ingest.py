@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
@@ -48,6 +47,10 @@ from rag_stream.store.db import create_db, upgrade
 from rag_stream.store.models import Chunk, Document, KnowledgeBase, new_id
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.benchkit import command, percentile, write_json  # noqa: E402
+
 WORDS = """
 river mountain engine protocol stream token cache server garden window letter market harbour
 signal circuit thunder lantern meadow archive pattern vector kernel bridge forest planet rhythm
@@ -183,8 +186,7 @@ async def add_random_chunks(stores: Stores, kb: str, count: int, dim: int) -> No
 
 
 def percentiles(times_ms: list[float]) -> tuple[float, float]:
-    ordered = sorted(times_ms)
-    return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return percentile(times_ms, 0.5), percentile(times_ms, 0.99)
 
 
 async def latency(
@@ -296,7 +298,7 @@ async def main(args: argparse.Namespace) -> None:
     one_by_one = statistics.median(single) / statistics.median(raw)
     print(f"ratio of medians, one by one / raw: {one_by_one:.3f}")
     report = {
-        "command": " ".join(["python", "scripts/bench_ingest.py", *sys.argv[1:]]),
+        "command": command(),
         "machine": {"arch": platform.machine(), "cores": os.cpu_count()},
         "documents": args.docs,
         "chunks_per_run": chunks,
@@ -310,8 +312,7 @@ async def main(args: argparse.Namespace) -> None:
             for target, ((p50, p99), (q50, q99)) in results.items()
         },
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     for target, ((p50, p99), (q50, q99)) in results.items():
         print(f"search top_k={args.top_k} at {target} chunks ({args.queries} queries): "
               f"p50 {p50:.1f} ms, p99 {p99:.1f} ms; Qdrant alone p50 {q50:.1f} ms, "

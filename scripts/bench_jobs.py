@@ -39,12 +39,12 @@ from rag_stream.pipeline.job_prompt import fit_section  # noqa: E402
 from rag_stream.retrieval.retriever import SearchHit  # noqa: E402
 from rag_stream.schemas.jobs import JobSpec  # noqa: E402
 from rag_stream.settings import load_settings  # noqa: E402
-from scripts.benchstats import summary  # noqa: E402
+from scripts.benchkit import MODELS, command, start_rag_stream, summary, write_json  # noqa: E402
+from tests.support.pg import postgres_database  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 from tests.support.sse import Frame, read_stream  # noqa: E402
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-POSTGRES_ADMIN = os.environ.get("TEST_POSTGRES_ADMIN", "postgresql://postgres@127.0.0.1:5432/test")
 OUTLINE = [
     "What a stream is",
     "Resuming a stream",
@@ -55,23 +55,23 @@ OUTLINE = [
 ]
 TITLE = "Operating rag-stream"
 DOC_FILES = ["protocol.md", "architecture.md", "reliability.md"]
-PROFILE_ENV = {
+# as the servers run (scripts/benchkit.py), for the CLI's ingest and reindex
+CLI_ENV = {
     "RAG_STREAM_PROFILE": "default",
     "RAG_STREAM_INGEST__SAMPLE_KB": "false",
-    "RAG_STREAM_MODELS_DIR": os.environ.get(
-        "RAG_STREAM_MODELS_DIR", str(ROOT / ".data" / "models")
-    ),
+    "RAG_STREAM_MODELS_DIR": str(MODELS),
 }
 
 
-def _server(data: Path, log: Path, **env: str) -> ServerProcess:
-    return ServerProcess({**PROFILE_ENV, "RAG_STREAM_DATA_DIR": str(data), **env}, log)
+def _server(data: Path, **env: str) -> ServerProcess:
+    # the published figures were taken at the default profile's log level
+    return start_rag_stream(data, {"RAG_STREAM_LOG_LEVEL": "info", **env})
 
 
 def _cli(env: dict[str, str], *args: str) -> None:
     subprocess.run(
         [sys.executable, "-m", "rag_stream", *args],
-        env={**os.environ, **PROFILE_ENV, **env},
+        env={**os.environ, **CLI_ENV, **env},
         cwd=ROOT,
         check=True,
         capture_output=True,
@@ -110,7 +110,7 @@ def _timed_events(url: str, job_id: str, after: int | None = None) -> list[tuple
 def throughput(tmp: Path, section_tokens: int, trials: int) -> dict[str, Any]:
     data = tmp / "throughput"
     _cli({"RAG_STREAM_DATA_DIR": str(data)}, "ingest", str(_docs_dir(tmp)), "--kb", "bench")
-    server = _server(data, tmp / "throughput.log")
+    server = _server(data)
     try:
         server.wait_ready()
         return asyncio.run(_alternate(server, section_tokens, trials))
@@ -212,30 +212,10 @@ async def _raw_engine(engine: Any, frames: list[Frame], section_tokens: int) -> 
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "same": same}
 
 
-def _pg(sql: str) -> None:
-    import asyncpg
-
-    async def run() -> None:
-        conn = await asyncpg.connect(POSTGRES_ADMIN)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run())
-
-
-def _pg_database() -> tuple[str, str]:
-    name = f"rag_stream_bench_jobs_{uuid.uuid4().hex[:8]}"
-    _pg(f'CREATE DATABASE "{name}"')
-    return name, POSTGRES_ADMIN.replace("postgresql://", "postgresql+asyncpg://").rsplit("/", 1)[
-        0
-    ] + f"/{name}"
-
-
 def takeover(tmp: Path, kv: bool, section_tokens: int) -> dict[str, Any]:
     """Kill the owner of a job mid-section; the time until the survivor's tokens come."""
-    name, db = _pg_database()
+    databases = postgres_database("rag_stream_bench_jobs")
+    db = next(databases)
     prefix = f"bench-jobs-{uuid.uuid4().hex[:6]}"
     dirs = [tmp / f"victim-{kv}", tmp / f"survivor-{kv}"]
     base = {"RAG_STREAM_DATABASE_URL": db}
@@ -246,7 +226,7 @@ def takeover(tmp: Path, kv: bool, section_tokens: int) -> dict[str, Any]:
     env = {**base, "RAG_STREAM_REDIS_URL": REDIS_URL, "RAG_STREAM_STREAMING__KEY_PREFIX": prefix}
     if kv:
         env |= {"RAG_STREAM_KV__ENABLED": "true", "RAG_STREAM_KV__KEY_PREFIX": f"{prefix}-kv"}
-    servers = [_server(d, tmp / f"{d.name}.log", **env) for d in dirs]
+    servers = [_server(d, **env) for d in dirs]
     try:
         for s in servers:
             s.wait_ready()
@@ -290,7 +270,7 @@ def takeover(tmp: Path, kv: bool, section_tokens: int) -> dict[str, Any]:
     finally:
         for s in servers:
             s.stop()
-        _pg(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        next(databases, None)  # drops it
 
 
 def _frames_after(client: httpx.Client, job_id: str, after: int) -> Any:
@@ -318,7 +298,7 @@ def main() -> None:
         if not args.skip_takeover:
             result["takeover"] = [takeover(tmp, kv, 256) for kv in (False, True)]
     result["load_average"] = os.getloadavg()
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, {"command": command(), **result})
     print(json.dumps(result, indent=2))
 
 

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rag_stream.kv.probe import ProbeProcess  # noqa: E402
+from scripts.benchkit import MODEL, command, percentile, write_json  # noqa: E402
 
 LENGTHS = (512, 2048, 4096)
 BLOCK = 128
@@ -83,9 +84,14 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def gaps(values: list[float]) -> dict[str, float]:
+    """Times between output tokens, in seconds."""
+    return {
+        "median_s": statistics.median(values),
+        "mean_s": statistics.mean(values),
+        "p99_s": percentile(values, 0.99),
+        "max_s": max(values),
+    }
 
 
 class Bench:
@@ -218,12 +224,7 @@ class Bench:
         }
         result["restore_cached_tokens_as_expected"] = cached_ok
         result["tpot"] = {
-            label: {
-                "median_s": statistics.median(g for run in runs for g in run["gaps_s"]),
-                "mean_s": statistics.mean(g for run in runs for g in run["gaps_s"]),
-                "p99_s": percentile([g for run in runs for g in run["gaps_s"]], 0.99),
-                "max_s": max(g for run in runs for g in run["gaps_s"]),
-            }
+            label: gaps([g for run in runs for g in run["gaps_s"]])
             for label, runs in (("on", tpot_on), ("off", tpot_off))
         }
         saves = s_after["blocks_saved"] - s32["blocks_saved"]
@@ -250,7 +251,7 @@ class Bench:
         see the same machine load (the main run measures them minutes apart)."""
         on = self.engine("tpot-on", "float32", True)
         off = self.engine("tpot-off", "float32", False)
-        gaps: dict[str, list[float]] = {"on": [], "off": []}
+        seen: dict[str, list[float]] = {"on": [], "off": []}
         try:
             on.wait_ready()
             off.wait_ready()
@@ -259,20 +260,11 @@ class Bench:
             for i in range(rounds):
                 prompt = random_prompt(500 + i, 256)
                 for label, engine in (("on", on), ("off", off)):
-                    gaps[label] += engine.generate(f"decode-{i}", prompt, 512)["gaps_s"]
+                    seen[label] += engine.generate(f"decode-{i}", prompt, 512)["gaps_s"]
         finally:
             on.close()
             off.close()
-        return {
-            label: {
-                "median_s": statistics.median(g),
-                "mean_s": statistics.mean(g),
-                "p99_s": percentile(g, 0.99),
-                "max_s": max(g),
-                "tokens": len(g),
-            }
-            for label, g in gaps.items()
-        }
+        return {label: gaps(g) | {"tokens": len(g)} for label, g in seen.items()}
 
     def cleanup(self) -> None:
         for key in self.redis.scan_iter(f"{self.prefix}:*", count=1000):
@@ -281,7 +273,7 @@ class Bench:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Benchmark the Redis KV connector.")
-    parser.add_argument("--model", default=str(ROOT / ".data/models/SmolLM2-135M-Instruct"))
+    parser.add_argument("--model", default=str(MODEL))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", default=None, help="write the full result here")
@@ -297,9 +289,8 @@ def main() -> None:
     if args.only_tpot:
         print(json.dumps(result, indent=2))
         return
-    text = json.dumps(result, indent=2)
     if args.json:
-        Path(args.json).write_text(text)
+        write_json(Path(args.json), {"command": command(), **result})
     summary = {k: v for k, v in result.items() if k != "bf16_exact"}
     summary["bf16_exact"] = {k: v for k, v in result["bf16_exact"].items() if k != "detail"}
     print(json.dumps(summary, indent=2))

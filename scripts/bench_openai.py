@@ -4,7 +4,7 @@ Three targets, all up at once, one driven at a time:
 
 - ``raw``: ``python -m vllm.entrypoints.openai.api_server`` on SmolLM2-135M-Instruct with the
   engine arguments rag-stream uses (float32, prefix caching, enforce_eager, seed 0,
-  max_model_len 4096, max_num_seqs 32, a 1 GiB KV cache), as scripts/bench_gateway.py starts it;
+  max_model_len 4096, max_num_seqs 32, a 1 GiB KV cache; scripts/benchkit.py starts both);
 - ``ours``: ``python -m rag_stream serve`` (same model, same engine arguments, a private
   redis-server), ``POST /v1/chat/completions`` with the engine's model (plain generation);
 - ``kb``: the same rag-stream server with the model ``kb:bench``, a knowledge base made of the
@@ -47,7 +47,6 @@ The client's prompt alignment through the server's /tokenize is skipped: rag-str
 from __future__ import annotations
 
 import argparse
-import contextlib
 import contextvars
 import json
 import os
@@ -65,17 +64,28 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.bench_gateway import (  # noqa: E402
+from scripts.benchkit import (  # noqa: E402
     KV_GB,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
     MODEL,
-    start_ours,
-    start_raw,
-    start_redis,
+    Conditions,
+    across,
+    alternate,
+    cell,
+    cmdline,
+    command,
+    cpu_seconds,
+    engine_env,
+    log_errors,
+    private_redis,
+    ratio,
+    start_rag_stream,
+    start_raw_vllm,
+    summary,
     wait_health,
+    write_json,
 )
-from scripts.benchstats import cpu_seconds, summary  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
 KB_NAME = "bench"
@@ -253,10 +263,6 @@ def retrieval_totals(target: Target) -> dict[str, float]:
     return {m.group(1).rsplit("_", 1)[1]: float(m.group(2)) for m in _METRIC_LINE.finditer(text)}
 
 
-def p(values: list[float], q: str, digits: int = 1) -> float | None:
-    return summary(values, digits=digits)[q] if values else None
-
-
 def run_client(
     target: Target,
     c: int,
@@ -298,9 +304,9 @@ def run_client(
         "client_tpot_ms_p50": round(float(result["median_tpot_ms"]), 2),
         "client_itl_ms_p50": round(float(result["median_itl_ms"]), 2),
         # to the first non-empty delta.content
-        "ttft_ms_p50": p([t * 1000 for t in spy.ttfts_s], "p50"),
-        "ttft_ms_p99": p([t * 1000 for t in spy.ttfts_s], "p99"),
-        "tpot_ms_p50": p([t * 1000 for t in spy.tpots_s], "p50", 2),
+        "ttft_ms_p50": across(t * 1000 for t in spy.ttfts_s).get("p50"),
+        "ttft_ms_p99": across(t * 1000 for t in spy.ttfts_s).get("p99"),
+        "tpot_ms_p50": across((t * 1000 for t in spy.tpots_s), 2).get("p50"),
         "first_token_samples": len(spy.ttfts_s),
         "sse_events_rewritten": spy.sse_rewritten,
         "server_cpu_s": round(cpu, 3),
@@ -356,67 +362,11 @@ def accepts_ignore_eos(url: str, model: str) -> tuple[bool, str]:
     return response.status_code == 200, f"HTTP {response.status_code}: {response.text[:300]}"
 
 
-# -- machine conditions ---------------------------------------------------------------------
-
-
-def tree(root: int) -> set[int]:
-    """root and all its descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        found.add(pid)
-        todo += children.get(pid, [])
-    return found
-
-
-def busy_seconds() -> float:
-    """CPU-seconds the whole machine has spent busy (all cores)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def our_cpu_seconds() -> float:
-    total = 0.0
-    for pid in tree(os.getpid()):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            total += cpu_seconds(pid)
-    return total
-
-
-def others() -> list[str]:
-    """Heavy processes that are not ours (vLLM engines, servers, test runs)."""
-    mine = tree(os.getpid())
-    pattern = re.compile(r"vllm|rag_stream|rag-stream|pytest|redis-server|EngineCore")
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) not in mine:
-            try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-            except OSError:
-                continue
-            if cmd and pattern.search(cmd):
-                found.append(f"{entry.name} {cmd[:120]}")
-    return sorted(found)
-
-
 # -- the run ----------------------------------------------------------------------------------
 
 
 RATIO_KEYS = ("ttft_ms_p50", "client_ttft_ms_p50", "output_tokens_per_s", "tpot_ms_p50")
 RATIO_KEYS += ("cpu_us_per_token",)
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a and b else None
 
 
 def compare(row: dict[str, Any]) -> None:
@@ -430,11 +380,6 @@ def compare(row: dict[str, Any]) -> None:
             k: round(kb[k] - ours[k], 1) if kb[k] is not None and ours[k] is not None else None
             for k in ("ttft_ms_p50", "client_ttft_ms_p50")
         }
-
-
-def across(values: list[float | None], digits: int) -> dict[str, float]:
-    kept = [v for v in values if v is not None]
-    return summary(kept, digits=digits) if kept else {}
 
 
 ABS = {"ttft_ms_p50": 1, "ttft_ms_p99": 1, "client_ttft_ms_p50": 1, "tpot_ms_p50": 2}
@@ -462,23 +407,25 @@ def aggregate(rows: list[dict[str, Any]], concurrency: list[int]) -> dict[str, A
 
 def run_all(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str, Any]:
     report: dict[str, Any] = {}
-    others_start = others()
-    busy0, ours0, wall0 = busy_seconds(), our_cpu_seconds(), time.perf_counter()
-    os.environ["RAG_STREAM_ANSWERS__MAX_QUESTION_CHARS"] = str(QUESTION_CHARS)
-    (base / "ours").mkdir()
+    conditions = Conditions()
     servers: list[ServerProcess] = []
     try:
         t0 = time.perf_counter()
-        servers += [start_raw(base / "raw-vllm.log"), start_ours(base / "ours", redis_url)]
+        ours_env = {
+            "RAG_STREAM_REDIS_URL": redis_url,
+            "RAG_STREAM_ANSWERS__MAX_QUESTION_CHARS": str(QUESTION_CHARS),
+            **engine_env(),
+        }
+        servers += [
+            start_raw_vllm(base / "raw-vllm.log"),
+            start_rag_stream(base / "ours", ours_env),
+        ]
         raw_server, ours_server = servers
         wait_health(raw_server)
         ours_server.wait_ready(600)
         report["startup_s"] = round(time.perf_counter() - t0, 1)
         pids = {"raw": raw_server.proc.pid, "ours": ours_server.proc.pid}
-        report["measured_processes"] = {
-            k: Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ").strip()
-            for k, p in pids.items()
-        }
+        report["measured_processes"] = {k: cmdline(p) for k, p in pids.items()}
         report["kb"] = make_kb(ours_server.url)
         raw_models = model_ids(raw_server.url)
         ours_models = model_ids(ours_server.url)
@@ -509,7 +456,7 @@ def run_all(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str, A
         report["requests_per_run"] = {str(c): n for c, n in sizes.items()}
         for rnd in range(args.rounds):
             round_started = time.time()
-            order = names if rnd % 2 == 0 else names[::-1]
+            order = alternate(names, rnd)
             for c in args.concurrency:
                 n = sizes[c]
                 seed = args.seed + 1000 * rnd + c  # the same prompts for every target
@@ -542,40 +489,21 @@ def run_all(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str, A
                 break
         report["rounds"] = rows
         report["by_concurrency"] = aggregate(rows, args.concurrency)
-        # while the servers still run: their CPU is ours, the rest of the machine's is not
-        wall = time.perf_counter() - wall0
-        foreign = max(0.0, (busy_seconds() - busy0) - (our_cpu_seconds() - ours0))
-        report["conditions"] = {
-            "wall_s": round(wall, 1),
-            "foreign_cpu_s": round(foreign, 1),
-            "foreign_cores": round(foreign / wall, 2),
-            "loadavg_1m_before_runs": [
-                row[name]["loadavg_1m_before"] for row in rows for name in TARGETS if name in row
-            ],
-            "others_start": others_start,
-            "others_end": others(),
-        }
+        report["conditions"] = conditions.report(
+            [row[name]["loadavg_1m_before"] for row in rows for name in TARGETS if name in row]
+        )
     finally:
         # before the servers stop (what they log while shutting down is not the benchmark's)
         report["server_log_errors"] = {
-            name: [line[:300] for line in log.read_text(errors="replace").splitlines()
-                   if re.search(r"\b(ERROR|Traceback|CRITICAL)\b", line)][:20]
-            for name, log in (("raw", base / "raw-vllm.log"), ("ours", base / "ours" / "ours.log"))
-            if log.exists()
-        }  # fmt: skip
+            name: log_errors(server.log_path)
+            for name, server in zip(("raw", "ours"), servers, strict=False)
+        }
         for server in servers:
             server.stop()
     return report
 
 
 # -- the report -------------------------------------------------------------------------------
-
-
-def cell(s: dict[str, float] | None, fmt: str = "g") -> str:
-    if not s:
-        return "–"
-    mid = format(s["p50"], fmt)
-    return mid if s["n"] == 1 else f"{mid} ({format(s['min'], fmt)}–{format(s['max'], fmt)})"
 
 
 def verdict(by_c: dict[str, Any]) -> list[str]:
@@ -864,26 +792,18 @@ def main() -> None:
         md_path.write_text(markdown(saved))
         print(f"wrote {md_path}")
         return
-    command = "python scripts/bench_openai.py " + " ".join(sys.argv[1:])
     report: dict[str, Any] = {
-        "command": (".venv/bin/" + command).strip(),
+        "command": command(),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "loadavg_start": os.getloadavg(),
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp)
-        redis_proc, redis_url = start_redis()
-        try:
-            report |= run_all(args, base, redis_url)
-        finally:
-            redis_proc.kill()
-            redis_proc.wait()
+    with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp) / "redis") as redis:
+        report |= run_all(args, Path(tmp), redis.url)
     report["loadavg_end"] = os.getloadavg()
     report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     report["notes"] = notes(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     md_path.write_text(markdown(report))
     print(md_path.read_text())
     print(f"wrote {args.out} and {md_path}")

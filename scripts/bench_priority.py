@@ -1,9 +1,9 @@
 """Benchmark interactive-before-batch priorities: interactive TTFT while long batch requests run.
 
 One ``python -m rag_stream serve`` process per variant, all up at once, driven one at a time:
-the same engine arguments as scripts/bench_gateway.py (SmolLM2-135M-Instruct, float32, prefix
-caching, enforce_eager, seed 0, max_model_len 4096, max_num_seqs 32, a 1 GiB KV cache, a private
-redis-server), except the variant's, ``policy[:step_tokens[:max_active_batch]]``:
+the same engine arguments as scripts/bench_gateway.py (scripts/benchkit.py: SmolLM2-135M-Instruct,
+float32, prefix caching, enforce_eager, seed 0, max_model_len 4096, max_num_seqs 32, a 1 GiB KV
+cache, a private redis-server), except the variant's, ``policy[:step_tokens[:max_active_batch]]``:
 ``engine.scheduling_policy``; after a colon ``engine.max_num_batched_tokens`` (absent or empty:
 vLLM's default, 2048); after a second colon ``limits.max_active_batch``, the most batch streams
 the process generates at once (absent: no cap). ``--variants priority,fcfs,priority:512`` or
@@ -46,7 +46,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import sys
 import tempfile
 import time
@@ -60,19 +59,22 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.bench_gateway import (  # noqa: E402
-    KV_GB,
-    MAX_MODEL_LEN,
-    MAX_NUM_SEQS,
+from scripts.benchkit import (  # noqa: E402
     MODEL,
-    MODELS,
+    Conditions,
+    alternate,
+    cell,
+    command,
+    engine_env,
+    log_errors,
+    private_redis,
     question,
-    sse,
-    start_redis,
+    start_rag_stream,
+    summary,
+    write_json,
 )
-from scripts.bench_openai import busy_seconds, others, our_cpu_seconds  # noqa: E402
-from scripts.benchstats import summary  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
+from tests.support.sse_async import timed_frames  # noqa: E402
 
 BATCH_STREAMS, BATCH_PROMPT_TOKENS, BATCH_MAX_TOKENS = 8, 1500, 256
 INTERACTIVE_MAX_TOKENS = 32
@@ -113,18 +115,9 @@ def variants_arg(text: str) -> list[str]:
 
 def start_server(name: str, data: Path, redis_url: str) -> ServerProcess:
     variant = Variant.parse(name)
-    data.mkdir()
     env = {
-        "RAG_STREAM_PROFILE": "default",
-        "RAG_STREAM_DATA_DIR": str(data),
-        "RAG_STREAM_MODELS_DIR": str(MODELS),
+        **engine_env(),
         "RAG_STREAM_REDIS_URL": redis_url,
-        "RAG_STREAM_INGEST__SAMPLE_KB": "false",
-        "RAG_STREAM_LOG_LEVEL": "warning",
-        "RAG_STREAM_DTYPE": "float32",
-        "RAG_STREAM_ENGINE__MAX_NUM_SEQS": str(MAX_NUM_SEQS),
-        "RAG_STREAM_ENGINE__MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-        "RAG_STREAM_ENGINE__KV_CACHE_GB": str(KV_GB),
         "RAG_STREAM_ENGINE__SCHEDULING_POLICY": variant.policy,
         "RAG_STREAM_LIMITS__LONG_PROMPT_TOKENS": str(LONG_PROMPT_TOKENS),
         # streams from both servers share the Redis: keep them apart
@@ -134,7 +127,7 @@ def start_server(name: str, data: Path, redis_url: str) -> ServerProcess:
         env["RAG_STREAM_ENGINE__MAX_NUM_BATCHED_TOKENS"] = str(variant.step_tokens)
     if variant.max_active_batch is not None:
         env["RAG_STREAM_LIMITS__MAX_ACTIVE_BATCH"] = str(variant.max_active_batch)
-    return ServerProcess(env, data / "server.log")
+    return start_rag_stream(data, env)
 
 
 class Prompts:
@@ -195,10 +188,10 @@ async def chat(
         reply.stream_id = response.headers["x-stream-id"]
         if on_start:
             on_start(reply.stream_id)
-        async for _event, data in sse(response):
-            if data == "[DONE]":
+        async for frame in timed_frames(response):
+            if frame.data == "[DONE]":
                 break
-            chunk = json.loads(data)
+            chunk = frame.data
             if "error" in chunk:
                 raise RuntimeError(f"stream error: {chunk['error']}")
             choices = chunk.get("choices") or []
@@ -318,11 +311,10 @@ METRICS += ("batch_tokens_per_s",)
 
 
 def run_all(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str, Any]:
-    report: dict[str, Any] = {"command": ".venv/bin/python " + " ".join(sys.argv)}
+    report: dict[str, Any] = {"command": command()}
     report["concurrency"] = args.concurrency
     report["variants"] = {v: vars(Variant.parse(v)) for v in args.variants}
-    others_start = others()
-    busy0, ours0, wall0 = busy_seconds(), our_cpu_seconds(), time.perf_counter()
+    conditions = Conditions()
     variants = args.variants
     servers = {v: start_server(v, base / f"v{i}", redis_url) for i, v in enumerate(variants)}
     try:
@@ -333,7 +325,7 @@ def run_all(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str, A
             asyncio.run(warm_up(server, prompts))
         rows = []
         for rnd in range(args.rounds):
-            order = variants if rnd % 2 == 0 else variants[::-1]
+            order = alternate(variants, rnd)
             row: dict[str, Any] = {"round": rnd, "order": order}
             for variant in order:
                 row[variant] = asyncio.run(measure(servers[variant], prompts, rnd, args))
@@ -344,29 +336,15 @@ def run_all(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str, A
         report["by_variant"] = {
             v: {k: summary([r[v][k] for r in rows], digits=2) for k in METRICS} for v in variants
         }
-        wall = time.perf_counter() - wall0
-        foreign = max(0.0, (busy_seconds() - busy0) - (our_cpu_seconds() - ours0))
-        report["conditions"] = {
-            "wall_s": round(wall, 1),
-            "foreign_cpu_s": round(foreign, 1),
-            "foreign_cores": round(foreign / wall, 2),
-            "loadavg_1m_before_runs": [r[p]["loadavg_1m_before"] for r in rows for p in r["order"]],
-            "others_start": others_start,
-            "others_end": others(),
-        }
+        report["conditions"] = conditions.report(
+            [r[p]["loadavg_1m_before"] for r in rows for p in r["order"]]
+        )
     except BaseException:
         for v, server in servers.items():
             print(f"--- {v}: {server.log_path}\n{server.log_tail(80)}", file=sys.stderr)
         raise
     finally:
-        report["server_log_errors"] = {
-            p: [
-                line[:300]
-                for line in s.log_path.read_text(errors="replace").splitlines()
-                if re.search(r"\b(ERROR|Traceback|CRITICAL)\b", line)
-            ][:20]
-            for p, s in servers.items()
-        }
+        report["server_log_errors"] = {p: log_errors(s.log_path) for p, s in servers.items()}
         for server in servers.values():
             server.stop()
     return report
@@ -379,10 +357,6 @@ async def warm_up(server: ServerProcess, prompts: Prompts) -> None:
 
 
 # -- the report -------------------------------------------------------------------------------
-
-
-def cell(s: dict[str, float]) -> str:
-    return f"{s['p50']:g}" if s["n"] == 1 else f"{s['p50']:g} ({s['min']:g}–{s['max']:g})"
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -474,15 +448,9 @@ def main() -> None:
         report = json.loads(args.render.read_text())
         args.render.with_suffix(".md").write_text(markdown(report))
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        redis_proc, redis_url = start_redis()
-        try:
-            report = run_all(args, Path(tmp), redis_url)
-        finally:
-            redis_proc.kill()
-            redis_proc.wait()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp) / "redis") as redis:
+        report = run_all(args, Path(tmp), redis.url)
+    write_json(args.out, report)
     args.out.with_suffix(".md").write_text(markdown(report))
     print(markdown(report))
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")

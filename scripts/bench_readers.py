@@ -33,10 +33,8 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import re
 import resource
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,16 +45,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.benchstats import summary  # noqa: E402
+from scripts.benchkit import (  # noqa: E402
+    MODEL,
+    STUB_SERVER,
+    command,
+    machine,
+    private_redis,
+    start_rag_stream,
+    summary,
+    write_json,
+)
 from tests.support.probes import RedisProbe, cpu_seconds, sample_process  # noqa: E402
-from tests.support.server import ServerProcess, free_port  # noqa: E402
+from tests.support.server import ServerProcess  # noqa: E402
 
-MODELS = ROOT / ".data" / "models"
 PREFIX = "rs-bench-readers"
 STORY = "Write a long story about a lighthouse keeper and a storm, chapter {n}."
 # ASCII: one token an event, so the gap between events is the pace (the stub's default text
@@ -327,42 +331,25 @@ def measure(server: ServerProcess, redis_pid: int, probe: RedisProbe, **run: Any
 # -- servers --------------------------------------------------------------------------------
 
 
-def start_redis() -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    time.sleep(0.5)
-    return proc, f"redis://127.0.0.1:{port}/0"
-
-
 def start_server(
     data: Path, redis_url: str, engine: str, args: argparse.Namespace
 ) -> ServerProcess:
-    port = free_port()
     env = {
-        "RAG_STREAM_PROFILE": "test",
-        "RAG_STREAM_DATA_DIR": str(data),
-        "RAG_STREAM_MODELS_DIR": str(MODELS),
         "RAG_STREAM_REDIS_URL": redis_url,
         "RAG_STREAM_STREAMING__KEY_PREFIX": PREFIX,
         "RAG_STREAM_STREAMING__KEEPALIVE_S": "15",  # the default profile's, not the tests' 1 s
         "RAG_STREAM_LIMITS__MAX_ACTIVE_STREAMS": str(max(64, *args.own_readers) + 16),
         "RAG_STREAM_LIMITS__MAX_TOKENS": "4096",
-        "RAG_STREAM_LOG_LEVEL": "warning",
     }
-    command = None
     if engine == "stub":
         env["STUB_TOKEN_DELAY_S"] = str(args.delay)
         env["STUB_TEXT"] = STUB_TEXT
-        command = [sys.executable, "-m", "tests.support.stub_server"]
     else:
-        env["RAG_STREAM_MODEL"] = str(MODELS / "SmolLM2-135M-Instruct")
+        env["RAG_STREAM_MODEL"] = str(MODEL)
         env["RAG_STREAM_ENGINE__KV_CACHE_GB"] = str(args.kv_cache_gb)
         env["RAG_STREAM_ENGINE__MAX_NUM_SEQS"] = str(max(args.vllm_streams))
-    data.mkdir(parents=True, exist_ok=True)
-    server = ServerProcess(env, data / f"{engine}.log", port=port, command=command)
+    stub = STUB_SERVER if engine == "stub" else None
+    server = start_rag_stream(data, env, profile="test", argv=stub)
     server.wait_ready(600)
     return server
 
@@ -377,15 +364,6 @@ def raise_fd_limit(needed: int) -> dict[str, int]:
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpus": os.cpu_count(),
-        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
-        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
 
 
 def main() -> None:
@@ -410,8 +388,8 @@ def main() -> None:
 
     limit = raise_fd_limit(3 * max(args.readers, *args.own_readers) + 256)
     report: dict[str, Any] = {
-        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-        "machine": machine(),
+        "command": command(),
+        "machine": machine() | {"load_avg_at_start": [round(x, 2) for x in os.getloadavg()]},
         "fd_limit": limit,
         "settings": {
             "stub_delay_s": args.delay,
@@ -420,27 +398,24 @@ def main() -> None:
             "client": "raw HTTP/1.1 over asyncio streams, one process",
         },
     }
-    redis_proc, redis_url = start_redis()
-    probe = RedisProbe(redis_url, PREFIX)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp) / "redis") as redis:
+        assert redis.proc is not None
+        probe = RedisProbe(redis.url, PREFIX)
+        try:
             runs = [("stub", args.skip_stub, stub_phases), ("vllm", args.skip_vllm, vllm_phases)]
             for engine, skip, phases in runs:
                 if skip:
                     continue
-                server = start_server(Path(tmp) / engine, redis_url, engine, args)
+                server = start_server(Path(tmp) / engine, redis.url, engine, args)
                 try:
-                    phases(server, redis_proc.pid, probe, args, report)
+                    phases(server, redis.proc.pid, probe, args, report)
                 finally:
                     server.stop()
                     server_log(server, engine, args, report)
-    finally:
-        probe.close()
-        redis_proc.terminate()
-        redis_proc.wait()
+        finally:
+            probe.close()
     report["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(json.dumps(report, indent=2))
 
 

@@ -60,6 +60,10 @@ from rag_stream.store.db import create_db, upgrade
 from rag_stream.store.models import Chunk, Document, KnowledgeBase, new_id
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.benchkit import command, percentile, write_json  # noqa: E402
+
 EVAL = ROOT / "scripts" / "data" / "retrieval_eval"
 MODES: list[SearchMode] = ["dense", "sparse", "hybrid"]
 KBS = 20
@@ -234,9 +238,8 @@ async def latency(
 
 
 def _percentiles(times: list[float]) -> dict[str, float]:
-    ordered = sorted(times)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    return {"p50_ms": round(statistics.median(times), 2), "p99_ms": round(p99, 2)}
+    p50, p99 = statistics.median(times), percentile(times, 0.99)
+    return {"p50_ms": round(p50, 2), "p99_ms": round(p99, 2)}
 
 
 def synthetic(n: int, vocab: list[str]) -> list[tuple[str, str]]:
@@ -287,6 +290,7 @@ async def main(args: argparse.Namespace) -> None:
     vocab = vocabulary(data, random.Random(1))
     questions = [q for _, q, _ in data.questions]
     report: dict[str, Any] = {
+        "command": command(),
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                     "platform": platform.platform(), "load_before": os.getloadavg()},
         "embedder": Path(settings.resolved_embedder).name,
@@ -342,7 +346,7 @@ async def main(args: argparse.Namespace) -> None:
         print("ingestion", json.dumps(report["ingestion"]), flush=True)
     report["machine"]["load_after"] = os.getloadavg()
     out = ROOT / "docs" / "bench" / args.out
-    out.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(out, report)
     print(f"wrote {out}")
 
 

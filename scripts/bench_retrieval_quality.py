@@ -48,6 +48,7 @@ from rag_stream.retrieval.embedder import LoadedEmbedder, load_embedder
 from rag_stream.retrieval.sparse import SparseEncoder
 from rag_stream.retrieval.vector_store import RRF_K
 from rag_stream.settings import load_settings
+from scripts.benchkit import command, percentile, write_json  # bench_retrieval: ROOT on the path
 
 KS = [1, 2, 5, 10, 60]
 SETS = {"A": "", "B": "_b"}
@@ -184,14 +185,13 @@ def speed(
                 began = time.perf_counter()
                 encoder.encode_query(q)
                 times.append((time.perf_counter() - began) * 1e6)
-        times.sort()
         out[lang] = {
             "chunks": len(texts),
             "chunks_per_s": round(statistics.median(rates)),
             "chunks_per_s_all": [round(r) for r in rates],
             "chunks_per_cpu_s": round(statistics.median(cpu_rates)),  # less hit by the load
             "query_us_p50": round(statistics.median(times), 1),
-            "query_us_p99": round(times[min(len(times) - 1, int(len(times) * 0.99))], 1),
+            "query_us_p99": round(percentile(times, 0.99), 1),
         }
     return out
 
@@ -227,6 +227,7 @@ async def main(args: argparse.Namespace) -> None:
         "jieba-precise": JiebaBm25(avg_len, "precise"),
     }
     report: dict[str, Any] = {
+        "command": command(),
         "machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()},
         "embedder": Path(settings.resolved_embedder).name,
         "questions": {
@@ -257,7 +258,7 @@ async def main(args: argparse.Namespace) -> None:
         print(name, "speed", json.dumps(report["speed"][name]), flush=True)
     report["machine"]["load_after"] = os.getloadavg()
     out = ROOT / "docs" / "bench" / args.out
-    out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(out, report, indent=1)
     for name in report["quality"]:
         for s in SETS:
             print(f"\n{name}, set {s}\n" + table(report["quality"][name], s))

@@ -14,7 +14,6 @@ servers the real SmolLM2 engine.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -26,30 +25,30 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.benchstats import cpu_seconds, summary  # noqa: E402
-from tests.support.server import ServerProcess  # noqa: E402
+from scripts.benchkit import (  # noqa: E402
+    MODEL,
+    STUB_SERVER,
+    alternate,
+    command,
+    cpu_seconds,
+    start_rag_stream,
+    summary,
+    write_json,
+)
 
-MODELS = ROOT / ".data" / "models"
 BACKENDS = ("onnx", "torch")
 
 
 def start_once(engine: str, backend: str, data: Path) -> dict[str, float]:
     env = {
-        "RAG_STREAM_PROFILE": "test",
-        "RAG_STREAM_DATA_DIR": str(data),
-        "RAG_STREAM_MODELS_DIR": str(MODELS),
         "RAG_STREAM_STREAMING__KEY_PREFIX": f"bench-start-{data.name}",
         "RAG_STREAM_EMBEDDER_BACKEND": backend,
-        "RAG_STREAM_LOG_LEVEL": "warning",
     }
-    command = None
-    if engine == "stub":
-        command = [sys.executable, "-m", "tests.support.stub_server"]
-    else:
-        env["RAG_STREAM_MODEL"] = str(MODELS / "SmolLM2-135M-Instruct")
-    data.mkdir(parents=True, exist_ok=True)
+    if engine != "stub":
+        env["RAG_STREAM_MODEL"] = str(MODEL)
     started = time.monotonic()
-    server = ServerProcess(env, data / "server.log", command=command)
+    stub = STUB_SERVER if engine == "stub" else None
+    server = start_rag_stream(data, env, profile="test", argv=stub)
     try:
         server.wait_ready(600, poll_s=0.1)  # polled often: the CPU time is read once ready
         return {
@@ -72,12 +71,11 @@ def main() -> None:
         plan = [("stub", r) for r in range(args.rounds)]
         plan += [("vllm", r) for r in range(args.vllm_rounds)]
         for n, (engine, r) in enumerate(plan):
-            order = BACKENDS if r % 2 == 0 else BACKENDS[::-1]
-            for backend in order:
+            for backend in alternate(BACKENDS, r):
                 got = start_once(engine, backend, Path(tmp) / f"{n}-{backend}")
                 runs.setdefault(engine, {}).setdefault(backend, []).append(got)
                 print(engine, backend, {k: round(v, 2) for k, v in got.items()}, flush=True)
-    report: dict[str, Any] = {"command": " ".join(sys.argv), "results": {}}
+    report: dict[str, Any] = {"command": command(), "results": {}}
     for engine, by_backend in runs.items():
         for backend, rows in by_backend.items():
             report["results"][f"{engine}/{backend}"] = {
@@ -87,7 +85,7 @@ def main() -> None:
         shown = (f"{k} {v['p50']} ({v['min']}-{v['max']})" for k, v in figures.items())
         print(name, ", ".join(shown))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
 
 
 if __name__ == "__main__":

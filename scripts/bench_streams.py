@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,15 +26,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.benchstats import summary  # noqa: E402
+from scripts.benchkit import (  # noqa: E402
+    MODEL,
+    command,
+    cpu_seconds,
+    private_redis,
+    start_rag_stream,
+    summary,
+    write_json,
+)
 from tests.support.server import ServerProcess, free_port  # noqa: E402
-
-MODELS = ROOT / ".data" / "models"
 
 
 def serve_stub(port: int) -> None:
@@ -51,7 +55,7 @@ def serve_stub(port: int) -> None:
 
     settings = load_settings(port=port)
     migrate(settings)
-    tokenizer = AutoTokenizer.from_pretrained(str(MODELS / "SmolLM2-135M-Instruct"))
+    tokenizer = AutoTokenizer.from_pretrained(str(MODEL))
 
     async def stub(_: Settings) -> Engine:
         return StubEngine(tokenizer)
@@ -60,20 +64,16 @@ def serve_stub(port: int) -> None:
 
 
 def start_stub(data: Path, redis_url: str, checkpoint: bool) -> ServerProcess:
+    """The stub engine on SmolLM2's tokenizer (``serve_stub``), ready."""
     port = free_port()
-    log = data / f"stub-{port}.log"
     env = {
-        "RAG_STREAM_PROFILE": "test",
-        "RAG_STREAM_DATA_DIR": str(data),
-        "RAG_STREAM_MODELS_DIR": str(MODELS),
         "RAG_STREAM_REDIS_URL": redis_url,
         "RAG_STREAM_STREAMING__CHECKPOINT": str(checkpoint).lower(),
         "RAG_STREAM_LIMITS__MAX_TOKENS": "4096",
         "RAG_STREAM_ENGINE__MAX_MODEL_LEN": "8192",
     }
-    server = ServerProcess(
-        env, log, port=port, command=[sys.executable, __file__, "--serve-stub", str(port)]
-    )
+    stub = [sys.executable, __file__, "--serve-stub", str(port)]
+    server = start_rag_stream(data, env, profile="test", argv=stub, port=port)
     server.wait_ready(120)
     return server
 
@@ -89,8 +89,6 @@ async def _one_stream(client: httpx.AsyncClient, tokens: int) -> int:
 
 
 def throughput(server: ServerProcess, streams: int, tokens: int) -> dict[str, float]:
-    proc = psutil.Process(server.proc.pid)
-
     async def run() -> int:
         limits = httpx.Limits(max_connections=streams)
         async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
@@ -98,11 +96,11 @@ def throughput(server: ServerProcess, streams: int, tokens: int) -> dict[str, fl
         return sum(counts)
 
     asyncio.run(run())  # warm-up
-    cpu0 = sum(proc.cpu_times()[:2])
+    cpu0 = cpu_seconds(server.proc.pid)
     wall0 = time.perf_counter()
     events = asyncio.run(run())
     wall = time.perf_counter() - wall0
-    cpu = sum(proc.cpu_times()[:2]) - cpu0
+    cpu = cpu_seconds(server.proc.pid) - cpu0
     return {
         "events": events,
         "wall_s": round(wall, 2),
@@ -166,20 +164,13 @@ def resume_latency(server: ServerProcess, tokens: int, trials: int) -> dict[str,
 
 
 def kill_to_first_token(data: Path, redis_url: str, trials: int) -> dict[str, Any]:
-    env = {
-        "RAG_STREAM_PROFILE": "test",
-        "RAG_STREAM_MODELS_DIR": str(MODELS),
-        "RAG_STREAM_MODEL": str(MODELS / "SmolLM2-135M-Instruct"),
-        "RAG_STREAM_REDIS_URL": redis_url,
-    }
-    survivor = ServerProcess({**env, "RAG_STREAM_DATA_DIR": str(data / "s")}, data / "s.log")
+    env = {"RAG_STREAM_MODEL": str(MODEL), "RAG_STREAM_REDIS_URL": redis_url}
+    survivor = start_rag_stream(data / "s", env, profile="test")
     survivor.wait_ready()
     gaps = []
     try:
         for i in range(trials):
-            victim = ServerProcess(
-                {**env, "RAG_STREAM_DATA_DIR": str(data / f"v{i}")}, data / f"v{i}.log"
-            )
+            victim = start_rag_stream(data / f"v{i}", env, profile="test")
             victim.wait_ready()
             with (
                 httpx.Client(base_url=victim.url, timeout=600) as client,
@@ -235,41 +226,28 @@ def main() -> None:
     if args.serve_stub:
         serve_stub(args.serve_stub)
         return
-    report: dict[str, Any] = {"command": " ".join(sys.argv)}
-    with tempfile.TemporaryDirectory() as tmp:
+    report: dict[str, Any] = {"command": command()}
+    with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp) / "redis") as redis:
         base = Path(tmp)
-        port = free_port()
-        redis_proc = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-        )
-        redis_url = f"redis://127.0.0.1:{port}/0"
-        time.sleep(0.5)
-        try:
-            for checkpoint in () if args.only_takeover else (True, False):
-                data = base / f"stub-{checkpoint}"
-                data.mkdir()
-                server = start_stub(data, redis_url, checkpoint)
-                try:
-                    key = "checkpoint_on" if checkpoint else "checkpoint_off"
-                    report[f"sse_{key}"] = throughput(server, args.streams, args.tokens)
-                    print(key, report[f"sse_{key}"], flush=True)
-                    if checkpoint:
-                        report["redis_cost"] = redis_cost(server, redis_url, args.tokens)
-                        print(report["redis_cost"], flush=True)
-                        for n in (100, 1000):
-                            report[f"resume_after_{n}_tokens_ms"] = resume_latency(
-                                server, n, args.trials
-                            )
-                            print(n, report[f"resume_after_{n}_tokens_ms"], flush=True)
-                finally:
-                    server.stop()
-            report["takeover"] = kill_to_first_token(base, redis_url, args.kill_trials)
-            print(report["takeover"], flush=True)
-        finally:
-            redis_proc.kill()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+        for checkpoint in () if args.only_takeover else (True, False):
+            server = start_stub(base / f"stub-{checkpoint}", redis.url, checkpoint)
+            try:
+                key = "checkpoint_on" if checkpoint else "checkpoint_off"
+                report[f"sse_{key}"] = throughput(server, args.streams, args.tokens)
+                print(key, report[f"sse_{key}"], flush=True)
+                if checkpoint:
+                    report["redis_cost"] = redis_cost(server, redis.url, args.tokens)
+                    print(report["redis_cost"], flush=True)
+                    for n in (100, 1000):
+                        report[f"resume_after_{n}_tokens_ms"] = resume_latency(
+                            server, n, args.trials
+                        )
+                        print(n, report[f"resume_after_{n}_tokens_ms"], flush=True)
+            finally:
+                server.stop()
+        report["takeover"] = kill_to_first_token(base, redis.url, args.kill_trials)
+        print(report["takeover"], flush=True)
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 

@@ -44,7 +44,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -54,12 +53,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.benchstats import summary  # noqa: E402
+from scripts.benchkit import MODEL, MODELS, command, machine, summary, write_json  # noqa: E402
 from tests.support.pg import postgres_database  # noqa: E402
 from tests.support.probes import (  # noqa: E402
     Probe,
@@ -78,7 +75,6 @@ from tests.support.traffic import (  # noqa: E402
     wait_until,
 )
 
-MODELS = ROOT / ".data" / "models"
 REDIS_URL = os.environ.get("SOAK_REDIS_URL", "redis://127.0.0.1:6379/0")
 KB = "soak"
 
@@ -104,7 +100,7 @@ def start_servers(args: argparse.Namespace, database: str, prefix: str, tmp: Pat
         env["STUB_TOKEN_DELAY_S"] = str(args.stub_delay)
         command[-1] = "stub"
     else:
-        env["RAG_STREAM_MODEL"] = str(MODELS / "SmolLM2-135M-Instruct")
+        env["RAG_STREAM_MODEL"] = str(MODEL)
         env["RAG_STREAM_ENGINE__KV_CACHE_GB"] = str(args.kv_cache_gb)
     servers = []
     for i in range(args.servers):
@@ -369,14 +365,6 @@ async def soak(args: argparse.Namespace, servers: list[Any], probe: Probe) -> di
     }
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "cpus": os.cpu_count(),
-        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10)
@@ -400,7 +388,7 @@ def main() -> None:
 
     prefix = f"rs-soak-{uuid.uuid4().hex[:8]}"
     report: dict[str, Any] = {
-        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "command": command(),
         "machine": machine(),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
         "settings": {
@@ -458,7 +446,7 @@ def main() -> None:
         next(databases, None)  # drops the database
     report["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(json.dumps({k: report[k] for k in ("traffic", "results", "problems")}, indent=2))
 
 
