@@ -109,5 +109,6 @@ def server_factory(
 
 STUB_DELAY_S = 0.005  # 200 tokens a second on any machine
 
-# The shared and started-ahead server processes, and when each stops.
-pytest_plugins = ["tests.support.session_servers"]
+# The shared and started-ahead server processes, and when each stops; the service in the test
+# process (tests/support/inprocess.py).
+pytest_plugins = ["tests.support.session_servers", "tests.support.inprocess_fixtures"]

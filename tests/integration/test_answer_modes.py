@@ -1,18 +1,17 @@
 """`mode` on /v1/answers and on chat completions (`kb:` models) reaches retrieval: each answer
 cites exactly what /v1/kbs/{kb}/search returns in the same mode, and the three modes cite
-differently. The stub engine (the answer's text is not the point), the real embedder and store.
+differently. The stub engine (the answer's text is not the point), the real embedder and store,
+in the test process (tests/support/inprocess.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.kb import make_kb
-from tests.support.server import ServerProcess
+from tests.support.inprocess import InProcess, make_kb
 
 # The question's only word found in any document is the rare "qzvrk", in Hinges: BM25 finds that
 # document alone. Its meaning is Herons', which dense ranks first. Hybrid fuses both: Hinges first
@@ -28,35 +27,36 @@ MODES = ("hybrid", "dense", "sparse")
 
 
 @pytest.fixture(scope="module")
-def client(stub_server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=stub_server.url, timeout=120) as c:
-        yield c
+def client(in_process_module: InProcess) -> httpx.AsyncClient:
+    return in_process_module.client
 
 
 @pytest.fixture(scope="module")
-def kb(stub_server: ServerProcess) -> str:
-    return make_kb(stub_server.url, DOCS, prefix="modes")
+async def kb(client: httpx.AsyncClient) -> str:
+    return await make_kb(client, DOCS, prefix="modes")
 
 
 def _ranked(items: list[dict[str, Any]]) -> list[tuple[str, str, float]]:
     return [(item["title"], item["chunk_id"], round(item["score"], 6)) for item in items]
 
 
-def _searched(client: httpx.Client, kb: str, mode: str) -> list[tuple[str, str, float]]:
+async def _searched(client: httpx.AsyncClient, kb: str, mode: str) -> list[tuple[str, str, float]]:
     body = {"query": QUESTION, "top_k": TOP_K, "mode": mode}
-    r = client.post(f"/v1/kbs/{kb}/search", json=body)
+    r = await client.post(f"/v1/kbs/{kb}/search", json=body)
     assert r.status_code == 200, r.text
     return _ranked(r.json()["results"])
 
 
-def _answered(client: httpx.Client, kb: str, mode: str) -> list[tuple[str, str, float]]:
+async def _answered(client: httpx.AsyncClient, kb: str, mode: str) -> list[tuple[str, str, float]]:
     body = {"kb": kb, "question": QUESTION, "top_k": TOP_K, "mode": mode}
-    r = client.post("/v1/answers", json={**body, "stream": False, "max_tokens": 4})
+    r = await client.post("/v1/answers", json={**body, "stream": False, "max_tokens": 4})
     assert r.status_code == 200, r.text
     return _ranked(r.json()["citations"])
 
 
-def _chat_sources(client: httpx.Client, kb: str, mode: str) -> list[tuple[str, str, float]]:
+async def _chat_sources(
+    client: httpx.AsyncClient, kb: str, mode: str
+) -> list[tuple[str, str, float]]:
     body = {
         "model": f"kb:{kb}",
         "messages": [{"role": "user", "content": QUESTION}],
@@ -64,15 +64,15 @@ def _chat_sources(client: httpx.Client, kb: str, mode: str) -> list[tuple[str, s
         "mode": mode,
         "max_tokens": 4,
     }
-    r = client.post("/v1/chat/completions", json=body)
+    r = await client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     return _ranked(r.json()["search_results"])
 
 
-def test_answers_and_chat_cite_what_search_finds_in_the_same_mode(
-    client: httpx.Client, kb: str
+async def test_answers_and_chat_cite_what_search_finds_in_the_same_mode(
+    client: httpx.AsyncClient, kb: str
 ) -> None:
-    searched = {mode: _searched(client, kb, mode) for mode in MODES}
+    searched = {mode: await _searched(client, kb, mode) for mode in MODES}
     # The premise: the modes rank differently here, so an answer that ignored its mode would
     # cite another mode's sources.
     assert [t for t, _, _ in searched["sparse"]] == ["Hinges"]
@@ -80,17 +80,19 @@ def test_answers_and_chat_cite_what_search_finds_in_the_same_mode(
     assert [t for t, _, _ in searched["hybrid"][:2]] == ["Hinges", "Herons"]
     assert len({tuple(found) for found in searched.values()}) == len(MODES)
     for mode in MODES:
-        assert _answered(client, kb, mode) == searched[mode], mode
-        assert _chat_sources(client, kb, mode) == searched[mode], mode
+        assert await _answered(client, kb, mode) == searched[mode], mode
+        assert await _chat_sources(client, kb, mode) == searched[mode], mode
 
 
-def test_an_unknown_mode_is_refused_naming_the_field(client: httpx.Client, kb: str) -> None:
-    r = client.post("/v1/answers", json={"kb": kb, "question": QUESTION, "mode": "fuzzy"})
+async def test_an_unknown_mode_is_refused_naming_the_field(
+    client: httpx.AsyncClient, kb: str
+) -> None:
+    r = await client.post("/v1/answers", json={"kb": kb, "question": QUESTION, "mode": "fuzzy"})
     assert r.status_code == 422, r.text
     error = r.json()["error"]
     assert error["code"] == "invalid_request" and "mode" in error["message"]
 
     chat = {"model": f"kb:{kb}", "messages": [{"role": "user", "content": "x"}], "mode": "fuzzy"}
-    r = client.post("/v1/chat/completions", json=chat)
+    r = await client.post("/v1/chat/completions", json=chat)
     assert 400 <= r.status_code < 500, r.text
     assert r.json()["error"]["param"] == "mode"

@@ -1,15 +1,19 @@
 """Several tokens per ``token`` event on the real engine: the same text in fewer events, resumable
-from the middle, and ``auto`` deciding from the connection's round-trip time."""
+from the middle, and ``auto`` deciding from the connection's round-trip time (the far client's
+said to the service in the test process, the near one's the kernel's, of a real socket)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
+from tests.conftest import STUB_DELAY_S
+from tests.support import inprocess
+from tests.support.inprocess import InProcessFactory
 from tests.support.server import ServerProcess
 from tests.support.sse import Frame, read_stream, text_of
 
@@ -104,24 +108,18 @@ def test_resume_in_the_middle_of_a_coalesced_stream(tiny_server: ServerProcess) 
     assert _ids(frames) == _ids(replay) and text_of(frames) == text_of(replay)
 
 
-def test_auto_coalesces_only_on_a_slow_connection(
-    server_factory: ServerFactory, stub_server: ServerProcess
+async def test_auto_coalesces_only_on_a_slow_connection(
+    in_process_factory: InProcessFactory, stub_server: ServerProcess
 ) -> None:
-    far = server_factory(
-        stub_delay_s=STUB_DELAY_S,
-        RAG_STREAM_REDIS_URL=REDIS_URL,
-        STUB_RTT_MS="250",  # above streaming.coalesce_rtt_ms (100): a far-away client
-    )
-    try:
-        body = {"prompt": "auto", "max_tokens": 90, "coalesce": "auto"}
-        slow = _stream(far, body)
-        near = _stream(stub_server, body)  # the kernel's RTT of a loopback connection
-        _check_whole(slow)
-        _check_whole(near)
-        assert _ids(slow) == _ids(near)
-        assert max(_sizes(near)) <= 4  # one token an event (a character's bytes stay together)
-        assert len(_sizes(near)) > 40
-        # 3 tokens, or what 50 ms gathered at 200 tokens a second: never one event a token
-        assert len(_sizes(slow)) <= len(_sizes(near)) / 2
-    finally:
-        far.stop()
+    body = {"prompt": "auto", "max_tokens": 90, "coalesce": "auto"}
+    # above streaming.coalesce_rtt_ms (100): a far-away client
+    async with in_process_factory(delay_s=STUB_DELAY_S, rtt_ms=250) as far:
+        slow = await inprocess.read_stream(far.client, "POST", "/v1/generate", json=body)
+    near = await asyncio.to_thread(_stream, stub_server, body)  # a loopback socket's RTT
+    _check_whole(slow)
+    _check_whole(near)
+    assert _ids(slow) == _ids(near)
+    assert max(_sizes(near)) <= 4  # one token an event (a character's bytes stay together)
+    assert len(_sizes(near)) > 40
+    # 3 tokens, or what 50 ms gathered at 200 tokens a second: never one event a token
+    assert len(_sizes(slow)) <= len(_sizes(near)) / 2

@@ -1,18 +1,16 @@
 """GET /v1/conversations: the caller's conversations, newest first, page by page, and never
 another tenant's.
 
-On the real service with keys required (two tenants, keys from the real CLI), the real Redis,
-on SQLite and on PostgreSQL. The stub engine writes the answers: the list is about what the
-database kept, and the text of an answer plays no part.
+On the service in the test process (tests/support/inprocess.py) with keys required (two
+tenants, keys made as `rag-stream keys create` makes them), the real Redis, on SQLite and on
+PostgreSQL. The stub engine writes the answers: the list is about what the database kept, and
+the text of an answer plays no part.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,83 +18,68 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REDIS_URL, SESSION_PREFIX, ServerFactory
-from tests.support.pg import postgres_database
-from tests.support.server import ROOT, ServerProcess
-
-
-def make_key(env: dict[str, str], tenant: str) -> str:
-    """A key from the real CLI (as tests/integration/test_tenants.py makes them)."""
-    args = [sys.executable, "-m", "rag_stream", "keys", "create", "--tenant", tenant]
-    out = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
+from tests.conftest import SESSION_PREFIX
+from tests.support.inprocess import InProcess, InProcessFactory, new_key
 
 
 @dataclass
 class Tenants:
-    server: ServerProcess
-    alpha: httpx.Client
-    beta: httpx.Client
+    service: InProcess
+    alpha: httpx.AsyncClient
+    beta: httpx.AsyncClient
     kb: str  # alpha's
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def tenants(
-    request: pytest.FixtureRequest,
-    server_factory: ServerFactory,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Tenants]:
-    data = tmp_path_factory.mktemp("conversation-list")
-    env = {
-        "RAG_STREAM_PROFILE": "test",
-        "RAG_STREAM_DATA_DIR": str(data),
-        "RAG_STREAM_REDIS_URL": REDIS_URL,
-        "RAG_STREAM_SECURITY__REQUIRE_KEYS": "true",
-        "RAG_STREAM_STREAMING__KEY_PREFIX": f"{SESSION_PREFIX}-convlist",
-    }
-    databases = postgres_database("rag_stream_convlist")
-    if request.param == "postgresql":
-        env["RAG_STREAM_DATABASE_URL"] = next(databases)
-    server = server_factory(stub_delay_s=0, data_dir=data, **env)
-    keys = {t: make_key({**os.environ, **env}, t) for t in ("alpha", "beta")}
-    alpha, beta = (
-        httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {k}"}, timeout=60)
-        for k in (keys["alpha"], keys["beta"])
-    )
-    kb = f"kb-{uuid.uuid4().hex[:6]}"
-    alpha.post("/v1/kbs", json={"name": kb}).raise_for_status()
-    alpha.post(
-        f"/v1/kbs/{kb}/documents", json={"title": "Herons", "text": "Herons nest in spring."}
-    ).raise_for_status()
-    yield Tenants(server, alpha, beta, kb)
-    alpha.close()
-    beta.close()
-    server.stop()
-    databases.close()
+async def tenants(
+    request: pytest.FixtureRequest, in_process_factory: InProcessFactory
+) -> AsyncIterator[Tenants]:
+    async with in_process_factory(
+        database=request.param,
+        security__require_keys=True,
+        streaming__key_prefix=f"{SESSION_PREFIX}-convlist",
+    ) as service:
+        keys = {t: await new_key(service, t) for t in ("alpha", "beta")}
+        alpha, beta = (
+            service.client_for(headers={"Authorization": f"Bearer {k}"})
+            for k in (keys["alpha"], keys["beta"])
+        )
+        kb = f"kb-{uuid.uuid4().hex[:6]}"
+        (await alpha.post("/v1/kbs", json={"name": kb})).raise_for_status()
+        (
+            await alpha.post(
+                f"/v1/kbs/{kb}/documents",
+                json={"title": "Herons", "text": "Herons nest in spring."},
+            )
+        ).raise_for_status()
+        yield Tenants(service, alpha, beta, kb)
+        await alpha.aclose()
+        await beta.aclose()
 
 
-def _ask(client: httpx.Client, kb: str, question: str, conversation: str | None = None) -> str:
+async def _ask(
+    client: httpx.AsyncClient, kb: str, question: str, conversation: str | None = None
+) -> str:
     body: dict[str, Any] = {"kb": kb, "question": question, "max_tokens": 4, "stream": False}
     if conversation:
         body["conversation_id"] = conversation
-    r = client.post("/v1/answers", json=body)
+    r = await client.post("/v1/answers", json=body)
     assert r.status_code == 200, r.text
     return str(r.json()["conversation_id"])
 
 
-def _list(client: httpx.Client, **params: Any) -> dict[str, Any]:
-    r = client.get("/v1/conversations", params=params)
+async def _list(client: httpx.AsyncClient, **params: Any) -> dict[str, Any]:
+    r = await client.get("/v1/conversations", params=params)
     assert r.status_code == 200, r.text
     return dict(r.json())
 
 
-def _all(client: httpx.Client, limit: int) -> list[dict[str, Any]]:
+async def _all(client: httpx.AsyncClient, limit: int) -> list[dict[str, Any]]:
     """Every conversation, page by page."""
     seen: list[dict[str, Any]] = []
     before = None
     while True:
-        page = _list(client, limit=limit, **({"before": before} if before else {}))
+        page = await _list(client, limit=limit, **({"before": before} if before else {}))
         assert len(page["data"]) <= limit
         seen += page["data"]
         before = page["next_before"]
@@ -105,14 +88,14 @@ def _all(client: httpx.Client, limit: int) -> list[dict[str, Any]]:
         assert page["data"][-1]["id"] == before
 
 
-def test_conversations_are_listed_newest_first(tenants: Tenants) -> None:
+async def test_conversations_are_listed_newest_first(tenants: Tenants) -> None:
     alpha, kb = tenants.alpha, tenants.kb
-    first = _ask(alpha, kb, "Where do herons nest?")
-    second = _ask(alpha, kb, "When do herons nest?")
-    _ask(alpha, kb, "And in which month exactly?", conversation=first)  # a follow-up
-    third = _ask(alpha, kb, "长城有多长？")
+    first = await _ask(alpha, kb, "Where do herons nest?")
+    second = await _ask(alpha, kb, "When do herons nest?")
+    await _ask(alpha, kb, "And in which month exactly?", conversation=first)  # a follow-up
+    third = await _ask(alpha, kb, "长城有多长？")
 
-    listed = _list(alpha, limit=3)
+    listed = await _list(alpha, limit=3)
     assert [c["id"] for c in listed["data"]] == [third, second, first]
     by_id = {c["id"]: c for c in listed["data"]}
     assert by_id[first]["title"] == "Where do herons nest?"
@@ -126,11 +109,11 @@ def test_conversations_are_listed_newest_first(tenants: Tenants) -> None:
     assert datetime.fromisoformat(by_id[second]["created_at"]) > created
 
 
-def test_pages_cover_every_conversation_once(tenants: Tenants) -> None:
+async def test_pages_cover_every_conversation_once(tenants: Tenants) -> None:
     alpha, kb = tenants.alpha, tenants.kb
-    mine = [_ask(alpha, kb, f"Question number {n}?") for n in range(5)]
-    whole = _list(alpha, limit=100)["data"]
-    paged = _all(alpha, limit=2)
+    mine = [await _ask(alpha, kb, f"Question number {n}?") for n in range(5)]
+    whole = (await _list(alpha, limit=100))["data"]
+    paged = await _all(alpha, limit=2)
     assert [c["id"] for c in paged] == [c["id"] for c in whole]
     assert len({c["id"] for c in paged}) == len(paged)
     assert [c["id"] for c in whole[:5]] == mine[::-1]
@@ -138,36 +121,35 @@ def test_pages_cover_every_conversation_once(tenants: Tenants) -> None:
     assert stamps == sorted(stamps, reverse=True)
 
 
-def test_another_tenants_conversations_never_appear(tenants: Tenants) -> None:
+async def test_another_tenants_conversations_never_appear(tenants: Tenants) -> None:
     alpha, beta = tenants.alpha, tenants.beta
-    theirs = _ask(alpha, tenants.kb, "A secret question of alpha's?")
+    theirs = await _ask(alpha, tenants.kb, "A secret question of alpha's?")
     beta_kb = f"beta-{uuid.uuid4().hex[:6]}"
-    beta.post("/v1/kbs", json={"name": beta_kb}).raise_for_status()
-    mine = _ask(beta, beta_kb, "Beta's own question?")
+    (await beta.post("/v1/kbs", json={"name": beta_kb})).raise_for_status()
+    mine = await _ask(beta, beta_kb, "Beta's own question?")
 
-    alpha_ids = {c["id"] for c in _all(alpha, limit=50)}
-    beta_list = _all(beta, limit=50)
+    alpha_ids = {c["id"] for c in await _all(alpha, limit=50)}
+    beta_list = await _all(beta, limit=50)
     assert theirs in alpha_ids and mine not in alpha_ids
     assert [c["id"] for c in beta_list] == [mine]
     assert beta_list[0]["kb"] == beta_kb
     # alpha's id as beta's cursor is refused exactly as an unknown id is
     nobody = uuid.uuid4().hex
-    foreign = beta.get("/v1/conversations", params={"before": theirs})
-    unknown = beta.get("/v1/conversations", params={"before": nobody})
+    foreign = await beta.get("/v1/conversations", params={"before": theirs})
+    unknown = await beta.get("/v1/conversations", params={"before": nobody})
     assert foreign.status_code == unknown.status_code == 422
     assert foreign.json()["error"]["code"] == unknown.json()["error"]["code"] == "invalid_request"
     said = foreign.json()["error"]["message"].replace(theirs, "ID")
     assert said == unknown.json()["error"]["message"].replace(nobody, "ID")
     # and without a key, nothing
-    with httpx.Client(base_url=tenants.server.url, timeout=30) as anonymous:
-        r = anonymous.get("/v1/conversations")
-        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = await tenants.service.client.get("/v1/conversations")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
 
 
-def test_long_first_questions_are_cut_for_the_title(tenants: Tenants) -> None:
+async def test_long_first_questions_are_cut_for_the_title(tenants: Tenants) -> None:
     question = "Why do herons nest in the delta? " + "Tell me more. " * 40
-    conv = _ask(tenants.alpha, tenants.kb, question.strip())
-    (listed,) = [c for c in _list(tenants.alpha, limit=100)["data"] if c["id"] == conv]
+    conv = await _ask(tenants.alpha, tenants.kb, question.strip())
+    (listed,) = [c for c in (await _list(tenants.alpha, limit=100))["data"] if c["id"] == conv]
     assert listed["title"] == question.strip()[:200]
 
 
@@ -175,10 +157,10 @@ def test_long_first_questions_are_cut_for_the_title(tenants: Tenants) -> None:
     ("params", "needle"),
     [({"limit": 0}, "limit"), ({"limit": 101}, "limit"), ({"before": "nope"}, "before")],
 )
-def test_bad_list_requests_get_clear_errors(
+async def test_bad_list_requests_get_clear_errors(
     tenants: Tenants, params: dict[str, Any], needle: str
 ) -> None:
-    r = tenants.alpha.get("/v1/conversations", params=params)
+    r = await tenants.alpha.get("/v1/conversations", params=params)
     assert r.status_code == 422, r.text
     assert r.json()["error"]["code"] == "invalid_request"
     assert needle in r.json()["error"]["message"]

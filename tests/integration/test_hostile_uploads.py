@@ -1,19 +1,19 @@
 """Hostile uploads get a clear 413 or 422 in bounded time, and leave the service answering.
 
 Through ``parse_upload`` (what the upload route and the CLI call: a real worker process, small
-limits so the budgets are seconds) and through the HTTP API of a real server process (the
-default limits: 20 s, 2,000,000 characters). The files are built in tests/support/pdfs.py.
+limits so the budgets are seconds) and through the HTTP API of the service in the test process
+(tests/support/inprocess.py; the default limits: 20 s, 2,000,000 characters). The files are
+built in tests/support/pdfs.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from rag_stream.ingest.files import ingest_files
 from rag_stream.ingest.parse_worker import READY, Job
 from rag_stream.ingest.parsing import PDF
 from rag_stream.settings import IngestSettings
+from tests.support.inprocess import InProcess
 from tests.support.pdfs import (
     encrypted_pdf,
     make_pdf,
@@ -37,7 +38,6 @@ from tests.support.pdfs import (
     text_bomb_pdf,
     zeros_bomb_pdf,
 )
-from tests.support.server import ServerProcess
 
 TIGHT = IngestSettings(parse_timeout_s=2, max_text_chars=100_000)
 NORMAL_TEXT = "Alpha page talks about apples.\n\nBeta page about bananas."
@@ -196,27 +196,28 @@ async def test_cli_ingest_reports_a_file_over_the_text_limit_and_goes_on(tmp_pat
 
 
 @pytest.fixture
-def client(stub_server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=stub_server.url, timeout=120) as c:
-        yield c
+def client(in_process_module: InProcess) -> httpx.AsyncClient:
+    return in_process_module.client
 
 
 @pytest.fixture
-def kb(client: httpx.Client) -> str:
-    r = client.post("/v1/kbs", json={"name": f"hostile-{uuid.uuid4().hex[:8]}"})
+async def kb(client: httpx.AsyncClient) -> str:
+    r = await client.post("/v1/kbs", json={"name": f"hostile-{uuid.uuid4().hex[:8]}"})
     assert r.status_code == 201, r.text
     return str(r.json()["name"])
 
 
-def upload(client: httpx.Client, kb: str, name: str, data: bytes) -> httpx.Response:
-    return client.post(f"/v1/kbs/{kb}/documents", files={"file": (name, data, None)})
+async def upload(client: httpx.AsyncClient, kb: str, name: str, data: bytes) -> httpx.Response:
+    return await client.post(f"/v1/kbs/{kb}/documents", files={"file": (name, data, None)})
 
 
 @pytest.mark.parametrize(("name"), list(REFUSED))
-def test_hostile_pdfs_are_refused_over_http(client: httpx.Client, kb: str, name: str) -> None:
+async def test_hostile_pdfs_are_refused_over_http(
+    client: httpx.AsyncClient, kb: str, name: str
+) -> None:
     pdf, status, message = REFUSED[name]
     began = time.monotonic()
-    r = upload(client, kb, f"{name}.pdf", pdf)
+    r = await upload(client, kb, f"{name}.pdf", pdf)
     assert time.monotonic() - began < 15
     assert r.status_code == status, r.text
     code = "payload_too_large" if status == 413 else "invalid_request"
@@ -225,29 +226,29 @@ def test_hostile_pdfs_are_refused_over_http(client: httpx.Client, kb: str, name:
     }
 
 
-def test_a_slow_pdf_is_stopped_at_20_s_while_the_server_keeps_answering(
-    client: httpx.Client, kb: str
+async def test_a_slow_pdf_is_stopped_at_20_s_while_the_server_keeps_answering(
+    client: httpx.AsyncClient, kb: str
 ) -> None:
     # 2 KB; each of its 100 pages costs pypdf over a second (in little memory) and shows nothing
     slow = slow_blank_pdf(pages=100)
-    assert upload(client, kb, "warm.pdf", make_pdf("Warm-up.")).status_code == 201  # warm worker
-    with ThreadPoolExecutor(1) as pool:
-        began = time.monotonic()
-        pending = pool.submit(upload, client, kb, "slow.pdf", slow)
-        health: list[float] = []
-        while not pending.done():
-            asked = time.monotonic()
-            assert client.get("/healthz", timeout=5).status_code == 200
-            health.append(time.monotonic() - asked)
-            time.sleep(0.2)
-        r = pending.result()
-        took = time.monotonic() - began
+    warm = await upload(client, kb, "warm.pdf", make_pdf("Warm-up."))
+    assert warm.status_code == 201  # a warm worker
+    began = time.monotonic()
+    pending = asyncio.create_task(upload(client, kb, "slow.pdf", slow))
+    health: list[float] = []
+    while not pending.done():
+        asked = time.monotonic()
+        assert (await client.get("/healthz", timeout=5)).status_code == 200
+        health.append(time.monotonic() - asked)
+        await asyncio.sleep(0.2)
+    r = await pending
+    took = time.monotonic() - began
     assert r.status_code == 422, r.text
     assert r.json()["error"]["message"] == "the PDF took longer than 20 s to parse"
     assert 20 <= took < 25
     assert len(health) > 50 and max(health) < 1.0
     # The next upload gets a fresh worker and the same text as before.
-    again = upload(client, kb, "fruit.pdf", normal_pdf())
+    again = await upload(client, kb, "fruit.pdf", normal_pdf())
     assert again.status_code == 201, again.text
-    doc = client.get(f"/v1/kbs/{kb}/documents/{again.json()['id']}").json()
+    doc = (await client.get(f"/v1/kbs/{kb}/documents/{again.json()['id']}")).json()
     assert doc["text"] == NORMAL_TEXT

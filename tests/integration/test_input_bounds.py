@@ -1,56 +1,57 @@
-"""Hostile inputs through the HTTP API of real server processes (stub engine; SQLite, and
-PostgreSQL where the database is the point): numbers past what the engine or SQL can hold,
-odd resume cursors, NUL characters, over-long form fields, and the offsets of every datetime the
-API returns. Each gets a 4xx naming the problem, or a correct answer; never a 500."""
+"""Hostile inputs through the HTTP API (the service in the test process on the stub engine,
+tests/support/inprocess.py; SQLite, and PostgreSQL where the database is the point; vLLM's own
+bounds on a real server process): numbers past what the engine or SQL can hold, odd resume
+cursors, NUL characters, over-long form fields, and the offsets of every datetime the API
+returns. Each gets a 4xx naming the problem, or a correct answer; never a 500."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import REDIS_URL, ServerFactory
-from tests.support.pg import postgres_database
+from tests.support.inprocess import InProcess, InProcessFactory
+from tests.support.inprocess import read_stream as aread_stream
 from tests.support.server import ServerProcess
 from tests.support.sse import read_stream
 
 INT64_MAX = 2**63 - 1
 
+pytestmark = pytest.mark.in_process(limits__max_tokens=4000)
+
 
 @pytest.fixture(scope="module")
-def pg_server(server_factory: ServerFactory) -> Iterator[ServerProcess]:
-    """The service on a fresh PostgreSQL database (the stub engine: no vLLM)."""
-    databases = postgres_database("rag_stream_bounds")
-    server = server_factory(
-        stub_delay_s=0,
-        RAG_STREAM_REDIS_URL=REDIS_URL,
-        RAG_STREAM_DATABASE_URL=next(databases),
-    )
-    yield server
-    server.stop()
-    databases.close()
+async def pg_app(in_process_factory: InProcessFactory) -> AsyncIterator[InProcess]:
+    """The service on a fresh PostgreSQL database."""
+    async with in_process_factory(database="postgresql", limits__max_tokens=4000) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def client(in_process_module: InProcess) -> httpx.AsyncClient:
+    """On SQLite."""
+    return in_process_module.client
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def any_db_server(
-    request: pytest.FixtureRequest, stub_server: ServerProcess
-) -> Iterator[ServerProcess]:
+def any_db_client(request: pytest.FixtureRequest) -> httpx.AsyncClient:
     if request.param == "sqlite":
-        yield stub_server
-    else:
-        yield request.getfixturevalue("pg_server")
+        return request.getfixturevalue("in_process_module").client  # type: ignore[no-any-return]
+    return request.getfixturevalue("pg_app").client  # type: ignore[no-any-return]
 
 
-def _kb(client: httpx.Client) -> str:
+async def _kb(client: httpx.AsyncClient) -> str:
     name = f"kb-{uuid.uuid4().hex[:8]}"
-    client.post("/v1/kbs", json={"name": name}).raise_for_status()
-    client.post(
-        f"/v1/kbs/{name}/documents",
-        json={"title": "Herons", "text": "# Herons\n\nThe heron waits in shallow water."},
+    (await client.post("/v1/kbs", json={"name": name})).raise_for_status()
+    (
+        await client.post(
+            f"/v1/kbs/{name}/documents",
+            json={"title": "Herons", "text": "# Herons\n\nThe heron waits in shallow water."},
+        )
     ).raise_for_status()
     return name
 
@@ -72,29 +73,28 @@ SEEDS_TOO_WIDE = [2**64, 2**70, 2**63, -(2**63) - 1]
 
 @pytest.mark.parametrize("seed", SEEDS_TOO_WIDE)
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_seed_beyond_64_bits_is_a_422_before_any_stream_starts(
-    stub_server: ServerProcess, seed: int, stream: bool
+async def test_a_seed_beyond_64_bits_is_a_422_before_any_stream_starts(
+    client: httpx.AsyncClient, seed: int, stream: bool
 ) -> None:
-    with httpx.Client(base_url=stub_server.url, timeout=60) as client:
-        kb = _kb(client)
-        for path, body in (
-            ("/v1/generate", {"prompt": "hi"}),
-            ("/v1/answers", {"kb": kb, "question": "Where do herons wait?"}),
-        ):
-            r = client.post(path, json={**body, "seed": seed, "max_tokens": 4, "stream": stream})
-            message = _error(r, 422)
-            assert message.startswith("seed:"), message
-            assert str(INT64_MAX) in message or str(-(2**63)) in message
+    kb = await _kb(client)
+    for path, body in (
+        ("/v1/generate", {"prompt": "hi"}),
+        ("/v1/answers", {"kb": kb, "question": "Where do herons wait?"}),
+    ):
+        r = await client.post(path, json={**body, "seed": seed, "max_tokens": 4, "stream": stream})
+        message = _error(r, 422)
+        assert message.startswith("seed:"), message
+        assert str(INT64_MAX) in message or str(-(2**63)) in message
 
 
 @pytest.mark.parametrize(
     ("field", "value"), [("max_tokens", 10**12), ("max_tokens", 2**64), ("top_k", 2**64)]
 )
-def test_other_integers_are_bounded_with_the_field_named(
-    stub_server: ServerProcess, field: str, value: int
+async def test_other_integers_are_bounded_with_the_field_named(
+    client: httpx.AsyncClient, field: str, value: int
 ) -> None:
     body: dict[str, Any] = {"kb": "any", "question": "q", field: value, "stream": False}
-    r = httpx.post(stub_server.url + "/v1/answers", json=body, timeout=30)
+    r = await client.post("/v1/answers", json=body)
     assert _error(r, 422).startswith(f"{field}:")
 
 
@@ -125,23 +125,24 @@ def test_seeds_at_both_ends_of_the_range_generate_on_vllm(tiny_server: ServerPro
         ({"limit": str(2**64)}, "limit"),
     ],
 )
-def test_document_paging_numbers_beyond_their_bounds_are_422(
-    any_db_server: ServerProcess, params: dict[str, str], field: str
+async def test_document_paging_numbers_beyond_their_bounds_are_422(
+    any_db_client: httpx.AsyncClient, params: dict[str, str], field: str
 ) -> None:
-    with httpx.Client(base_url=any_db_server.url, timeout=60) as client:
-        r = client.get(f"/v1/kbs/{_kb(client)}/documents", params=params)
+    r = await any_db_client.get(f"/v1/kbs/{await _kb(any_db_client)}/documents", params=params)
     assert _error(r, 422).startswith(f"query.{field}:")
 
 
-def test_the_largest_offset_is_an_empty_page(any_db_server: ServerProcess) -> None:
-    with httpx.Client(base_url=any_db_server.url, timeout=60) as client:
-        page = client.get(f"/v1/kbs/{_kb(client)}/documents", params={"offset": 2**31 - 1})
+async def test_the_largest_offset_is_an_empty_page(any_db_client: httpx.AsyncClient) -> None:
+    kb = await _kb(any_db_client)
+    page = await any_db_client.get(f"/v1/kbs/{kb}/documents", params={"offset": 2**31 - 1})
     assert page.status_code == 200, page.text
     assert page.json()["data"] == [] and page.json()["next_offset"] is None
 
 
-def _finished_stream(client: httpx.Client) -> str:
-    r = client.post("/v1/generate", json={"prompt": "cursor", "max_tokens": 3, "stream": False})
+async def _finished_stream(client: httpx.AsyncClient) -> str:
+    r = await client.post(
+        "/v1/generate", json={"prompt": "cursor", "max_tokens": 3, "stream": False}
+    )
     r.raise_for_status()
     return str(r.json()["stream_id"])
 
@@ -157,26 +158,26 @@ def _finished_stream(client: httpx.Client) -> str:
         ({"Last-Event-ID": "1_0"}, {}, "Last-Event-ID must be an integer"),
     ],
 )
-def test_resume_cursors_beyond_64_bits_are_422(
-    stub_server: ServerProcess, headers: dict[str, str], params: dict[str, str], needle: str
+async def test_resume_cursors_beyond_64_bits_are_422(
+    client: httpx.AsyncClient, headers: dict[str, str], params: dict[str, str], needle: str
 ) -> None:
-    with httpx.Client(base_url=stub_server.url, timeout=60) as client:
-        sid = _finished_stream(client)
-        r = client.get(f"/v1/streams/{sid}/events", headers=headers, params=params)
+    sid = await _finished_stream(client)
+    r = await client.get(f"/v1/streams/{sid}/events", headers=headers, params=params)
     assert needle in _error(r, 422)
 
 
 # 3. An empty Last-Event-ID
 
 
-def test_an_empty_last_event_id_replays_the_whole_stream(stub_server: ServerProcess) -> None:
+async def test_an_empty_last_event_id_replays_the_whole_stream(
+    client: httpx.AsyncClient,
+) -> None:
     """(Only white space is the same: tests/unit/test_input_bounds.py; clients refuse to send
     such a header.)"""
-    with httpx.Client(base_url=stub_server.url, timeout=60) as client:
-        sid = _finished_stream(client)
-        path = f"/v1/streams/{sid}/events"
-        everything = read_stream(client, "GET", path)
-        replayed = read_stream(client, "GET", path, headers={"Last-Event-ID": ""})
+    sid = await _finished_stream(client)
+    path = f"/v1/streams/{sid}/events"
+    everything = await aread_stream(client, "GET", path)
+    replayed = await aread_stream(client, "GET", path, headers={"Last-Event-ID": ""})
     assert [f.id for f in everything] == list(range(len(everything)))
     assert everything[-1].event == "done"
     assert replayed == everything
@@ -192,26 +193,29 @@ def _utc(value: str) -> datetime:
     return parsed
 
 
-def test_every_datetime_the_api_returns_is_utc_with_an_offset(
-    any_db_server: ServerProcess,
+async def test_every_datetime_the_api_returns_is_utc_with_an_offset(
+    any_db_client: httpx.AsyncClient,
 ) -> None:
     began = datetime.now(UTC)
-    with httpx.Client(base_url=any_db_server.url, timeout=120) as client:
-        kb = _kb(client)
-        seen = [client.get(f"/v1/kbs/{kb}").json()["created_at"]]
-        # this test's KB only: the shared server holds other tests' KBs, made long before
-        listed = client.get("/v1/kbs").json()["data"]
-        seen += [k["created_at"] for k in listed if k["name"] == kb]
-        docs = client.get(f"/v1/kbs/{kb}/documents").json()["data"]
-        seen += [d["created_at"] for d in docs]
-        seen.append(client.get(f"/v1/kbs/{kb}/documents/{docs[0]['id']}").json()["created_at"])
-        answer = client.post(
+    client = any_db_client
+    kb = await _kb(client)
+    seen = [(await client.get(f"/v1/kbs/{kb}")).json()["created_at"]]
+    # this test's KB only: the shared app holds other tests' KBs, made long before
+    listed = (await client.get("/v1/kbs")).json()["data"]
+    seen += [k["created_at"] for k in listed if k["name"] == kb]
+    docs = (await client.get(f"/v1/kbs/{kb}/documents")).json()["data"]
+    seen += [d["created_at"] for d in docs]
+    detail = await client.get(f"/v1/kbs/{kb}/documents/{docs[0]['id']}")
+    seen.append(detail.json()["created_at"])
+    answer = (
+        await client.post(
             "/v1/answers",
             json={"kb": kb, "question": "Where?", "max_tokens": 4, "stream": False},
-        ).json()
-        conversation = client.get(f"/v1/conversations/{answer['conversation_id']}").json()
-        seen.append(conversation["created_at"])
-        seen += [m["created_at"] for m in conversation["messages"]]
+        )
+    ).json()
+    conversation = (await client.get(f"/v1/conversations/{answer['conversation_id']}")).json()
+    seen.append(conversation["created_at"])
+    seen += [m["created_at"] for m in conversation["messages"]]
     assert len(seen) >= 7
     for value in seen:
         # the moment itself survives the round trip (not local time read back as UTC)
@@ -221,31 +225,31 @@ def test_every_datetime_the_api_returns_is_utc_with_an_offset(
 # NUL characters (PostgreSQL refuses them in text) and over-long form fields
 
 
-def test_nul_characters_never_reach_postgresql_as_such(pg_server: ServerProcess) -> None:
-    with httpx.Client(base_url=pg_server.url, timeout=120) as client:
-        kb = _kb(client)
-        r = client.post(
-            f"/v1/kbs/{kb}/documents",
-            json={"title": "a\x00b", "text": "nul \x00 inside", "source": "s\x00"},
-        )
-        assert r.status_code == 201, r.text
-        stored = client.get(f"/v1/kbs/{kb}/documents/{r.json()['id']}").json()
-        assert (stored["title"], stored["source"]) == ("a\ufffdb", "s\ufffd")
-        for path in (
-            "/v1/kbs/%00",
-            f"/v1/kbs/{kb}/documents/%00",
-            f"/v1/kbs/{kb}/documents/a%00b",
-            "/v1/conversations/%00",
-            "/v1/streams/%00",
-        ):
-            assert _error(client.get(path), 404), path
-        r = client.post(
-            "/v1/answers",
-            json={"kb": kb, "question": "q\x00?", "conversation_id": "\x00", "stream": False},
-        )
-        _error(r, 404)
-        r = client.post("/v1/answers", json={"kb": kb, "question": "q\x00?", "stream": False})
-        assert r.status_code == 200, r.text
+async def test_nul_characters_never_reach_postgresql_as_such(pg_app: InProcess) -> None:
+    client = pg_app.client
+    kb = await _kb(client)
+    r = await client.post(
+        f"/v1/kbs/{kb}/documents",
+        json={"title": "a\x00b", "text": "nul \x00 inside", "source": "s\x00"},
+    )
+    assert r.status_code == 201, r.text
+    stored = (await client.get(f"/v1/kbs/{kb}/documents/{r.json()['id']}")).json()
+    assert (stored["title"], stored["source"]) == ("a\ufffdb", "s\ufffd")
+    for path in (
+        "/v1/kbs/%00",
+        f"/v1/kbs/{kb}/documents/%00",
+        f"/v1/kbs/{kb}/documents/a%00b",
+        "/v1/conversations/%00",
+        "/v1/streams/%00",
+    ):
+        assert _error(await client.get(path), 404), path
+    r = await client.post(
+        "/v1/answers",
+        json={"kb": kb, "question": "q\x00?", "conversation_id": "\x00", "stream": False},
+    )
+    _error(r, 404)
+    r = await client.post("/v1/answers", json={"kb": kb, "question": "q\x00?", "stream": False})
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize(
@@ -256,16 +260,15 @@ def test_nul_characters_never_reach_postgresql_as_such(pg_server: ServerProcess)
         ({}, "f" * 1100 + ".txt", "source (the file name, by default): "),
     ],
 )
-def test_form_fields_follow_the_json_fields_limits(
-    any_db_server: ServerProcess, fields: dict[str, str], filename: str, needle: str
+async def test_form_fields_follow_the_json_fields_limits(
+    any_db_client: httpx.AsyncClient, fields: dict[str, str], filename: str, needle: str
 ) -> None:
-    with httpx.Client(base_url=any_db_server.url, timeout=120) as client:
-        kb = _kb(client)
-        r = client.post(
-            f"/v1/kbs/{kb}/documents",
-            files={"file": (filename, uuid.uuid4().hex.encode(), "text/plain")},
-            data=fields,
-        )
+    kb = await _kb(any_db_client)
+    r = await any_db_client.post(
+        f"/v1/kbs/{kb}/documents",
+        files={"file": (filename, uuid.uuid4().hex.encode(), "text/plain")},
+        data=fields,
+    )
     message = _error(r, 422)
     assert message.startswith(needle), message
     assert "characters" in message
@@ -281,10 +284,10 @@ def test_form_fields_follow_the_json_fields_limits(
         ({"from": "9999-12-31T23:59:59-01:00"}, "from"),  # year 10000 in UTC
     ],
 )
-def test_a_usage_period_with_no_utc_time_is_a_422_naming_it(
-    any_db_server: ServerProcess, query: dict[str, str], param: str
+async def test_a_usage_period_with_no_utc_time_is_a_422_naming_it(
+    any_db_client: httpx.AsyncClient, query: dict[str, str], param: str
 ) -> None:
-    r = httpx.get(any_db_server.url + "/v1/usage", params=query, timeout=60)
+    r = await any_db_client.get("/v1/usage", params=query)
     assert _error(r, 422) == f"{param} is outside the years 1 to 9999 in UTC"
     assert r.json()["error"]["param"] == param
 
@@ -304,15 +307,15 @@ def test_a_usage_period_with_no_utc_time_is_a_422_naming_it(
         ),
     ],
 )
-def test_usage_periods_at_the_ends_of_the_calendar_are_answered(
-    any_db_server: ServerProcess, query: dict[str, str], period: tuple[str, str]
+async def test_usage_periods_at_the_ends_of_the_calendar_are_answered(
+    any_db_client: httpx.AsyncClient, query: dict[str, str], period: tuple[str, str]
 ) -> None:
-    with httpx.Client(base_url=any_db_server.url, timeout=60) as client:
-        # a stream to count, or not: all of them ended within the widest period
-        client.post("/v1/generate", json={"prompt": "hi", "max_tokens": 4, "stream": False})
-        r = client.get("/v1/usage", params=query)
-        assert r.status_code == 200, r.text
-        body = r.json()
-        assert (body["from"], body["to"]) == period
-        widest = query.get("to", "").startswith("9999") and query.get("from", "").startswith("0001")
-        assert (body["total"]["requests"] > 0) == widest
+    client = any_db_client
+    # a stream to count, or not: all of them ended within the widest period
+    await client.post("/v1/generate", json={"prompt": "hi", "max_tokens": 4, "stream": False})
+    r = await client.get("/v1/usage", params=query)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["from"], body["to"]) == period
+    widest = query.get("to", "").startswith("9999") and query.get("from", "").startswith("0001")
+    assert (body["total"]["requests"] > 0) == widest

@@ -1,5 +1,6 @@
-"""The event log under Redis faults and dead producers (real redis-server, real server processes
-on the paced stub engine, where timing is the point)."""
+"""The event log under Redis faults and dead producers (a real redis-server; the service in the
+test process on the paced stub engine, tests/support/inprocess.py, and real server processes
+where a producer is killed)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,18 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
-from httpx_sse import connect_sse
+from httpx_sse import aconnect_sse
 from redis.asyncio import Redis as AsyncRedis
 
 from rag_stream.streaming.redis_log import RedisEventLog
 from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
+from tests.support import inprocess
 from tests.support.fakes import stub_engine, toy_streams
+from tests.support.inprocess import InProcessFactory
 from tests.support.redis_server import RedisServer
 from tests.support.server import ServerProcess
 from tests.support.sse import Frame, read_stream
@@ -37,62 +39,54 @@ def _status(server: ServerProcess, sid: str) -> dict[str, object]:
     return dict(httpx.get(f"{server.url}/v1/streams/{sid}", timeout=30).json())
 
 
-def test_a_log_lost_by_a_redis_restart_is_never_extended(
-    server_factory: ServerFactory, private_redis: RedisServer
+async def _restart(redis_server: RedisServer) -> None:
+    """Kill it and start it again, empty (no persistence), while the app goes on."""
+    await asyncio.to_thread(redis_server.kill)
+    await asyncio.sleep(0.4)
+    await asyncio.to_thread(redis_server.start)
+
+
+async def test_a_log_lost_by_a_redis_restart_is_never_extended(
+    in_process_factory: InProcessFactory, private_redis: RedisServer
 ) -> None:
-    server = server_factory(
-        stub_delay_s=STUB_DELAY_S,
-        RAG_STREAM_REDIS_URL=private_redis.url,
-        RAG_STREAM_LIMITS__MAX_TOKENS="4000",
-    )
-
-    def restart_redis_at_the_fifth_frame(frame: Frame) -> None:
+    async def restart_redis_at_the_fifth_frame(frame: Frame) -> None:
         if frame.id == 4 and frame.event == "token":
-            private_redis.kill()  # no persistence: it comes back empty
-            time.sleep(0.4)
-            private_redis.start()
+            await _restart(private_redis)
 
-    try:
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            frames = read_stream(
-                client,
-                "POST",
-                "/v1/generate",
-                json={"prompt": "lose my head", "max_tokens": 2000},  # 10 s of tokens
-                on_frame=restart_redis_at_the_fifth_frame,
-            )
+    async with in_process_factory(
+        delay_s=STUB_DELAY_S, redis_url=private_redis.url, limits__max_tokens=4000
+    ) as service:
+        frames = await inprocess.read_stream(
+            service.live,
+            "POST",
+            "/v1/generate",
+            json={"prompt": "lose my head", "max_tokens": 2000},  # 10 s of tokens
+            on_frame=restart_redis_at_the_fifth_frame,
+        )
         sid = frames[0].data["stream_id"]
         assert frames[-1].event == "error", frames[-1]
         assert frames[-1].data["code"] == "log_lost"
         assert all(f.event != "done" for f in frames)
-        status = _status(server, sid)
+        status = (await service.client.get(f"/v1/streams/{sid}")).json()
         assert status["status"] == "error" and status["finish_reason"] == "log_lost"
         assert status["model"] == "stub" and float(str(status["created"])) > 0
         # what is left in the log is the error alone: no token written after the restart
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            replay = read_stream(client, "GET", f"/v1/streams/{sid}/events")
+        replay = await inprocess.read_stream(service.client, "GET", f"/v1/streams/{sid}/events")
         assert [f.event for f in replay] == ["error"]
         assert replay[0].data["code"] == "log_lost"
         # the restarted Redis serves new streams
-        r = httpx.post(
-            server.url + "/v1/generate", json={"prompt": "x", "max_tokens": 3, "stream": False}
+        r = await service.client.post(
+            "/v1/generate", json={"prompt": "x", "max_tokens": 3, "stream": False}
         )
         assert r.status_code == 200, r.text
-    finally:
-        server.stop()
 
 
-def test_a_chat_stream_whose_log_is_lost_still_resumes_in_the_chat_format(
-    server_factory: ServerFactory, private_redis: RedisServer
+async def test_a_chat_stream_whose_log_is_lost_still_resumes_in_the_chat_format(
+    in_process_factory: InProcessFactory, private_redis: RedisServer
 ) -> None:
     """The lost log's meta keeps the stream's creation fields: its tenant, and the format a
     resume renders (it kept the model alone, so a chat stream resumed as our own SSE events,
     which an OpenAI client cannot read, and the chaos campaign judged the stream wrong)."""
-    server = server_factory(
-        stub_delay_s=STUB_DELAY_S,
-        RAG_STREAM_REDIS_URL=private_redis.url,
-        RAG_STREAM_LIMITS__MAX_TOKENS="4000",
-    )
     body = {
         "model": "stub",
         "messages": [{"role": "user", "content": "lose my head"}],
@@ -100,54 +94,43 @@ def test_a_chat_stream_whose_log_is_lost_still_resumes_in_the_chat_format(
         "stream": True,
     }
     seen: list[str] = []
-    try:
-        with (
-            httpx.Client(base_url=server.url, timeout=60) as client,
-            connect_sse(client, "POST", "/v1/chat/completions", json=body) as source,
-        ):
+    async with in_process_factory(
+        delay_s=STUB_DELAY_S, redis_url=private_redis.url, limits__max_tokens=4000
+    ) as service:
+        async with aconnect_sse(service.live, "POST", "/v1/chat/completions", json=body) as source:
             sid = source.response.headers["x-stream-id"]
-            for sse in source.iter_sse():
+            async for sse in source.aiter_sse():
                 seen.append(sse.data)
                 if len(seen) == 5:
-                    private_redis.kill()  # no persistence: it comes back empty
-                    time.sleep(0.4)
-                    private_redis.start()
+                    await _restart(private_redis)
         assert seen[-1] == "[DONE]" and json.loads(seen[-2])["error"]["code"] == "log_lost"
-        with (
-            httpx.Client(base_url=server.url, timeout=60) as client,
-            connect_sse(client, "GET", f"/v1/streams/{sid}/events") as source,
-        ):
-            replay = [sse.data for sse in source.iter_sse()]
+        async with aconnect_sse(service.client, "GET", f"/v1/streams/{sid}/events") as source:
+            replay = [sse.data async for sse in source.aiter_sse()]
         assert replay == seen[-2:]  # the error chunk and [DONE], as the client read them
-    finally:
-        server.stop()
 
 
-def test_requests_right_after_a_redis_restart_succeed(
-    server_factory: ServerFactory, private_redis: RedisServer
+async def test_requests_right_after_a_redis_restart_succeed(
+    in_process_factory: InProcessFactory, private_redis: RedisServer
 ) -> None:
     """Every idle connection of the pool is dead once Redis has restarted; each one gave a
     request a 503 ("Connection closed by server") although Redis was back (the chaos
     campaign's Redis rounds). A command now goes again on a new connection."""
-    server = server_factory(stub_delay_s=STUB_DELAY_S, RAG_STREAM_REDIS_URL=private_redis.url)
 
-    def generate(client: httpx.Client, prompt: str) -> httpx.Response:
+    async def generate(client: httpx.AsyncClient, prompt: str) -> httpx.Response:
         body = {"prompt": prompt, "max_tokens": 40, "stream": False}
-        return client.post("/v1/generate", json=body)
+        return await client.post("/v1/generate", json=body)
 
-    try:
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            with ThreadPoolExecutor(6) as pool:  # the pool holds several connections now
-                warm = list(pool.map(lambda i: generate(client, f"warm {i}"), range(6)))
-            assert all(r.status_code == 200 for r in warm), [r.text for r in warm]
-            private_redis.kill()
-            private_redis.start()  # empty: nothing of the earlier streams is needed
-            for i in range(8):
-                r = generate(client, f"after {i}")
-                assert r.status_code == 200, (i, r.text)
-            assert client.get("/readyz").status_code == 200
-    finally:
-        server.stop()
+    async with in_process_factory(delay_s=STUB_DELAY_S, redis_url=private_redis.url) as service:
+        client = service.client
+        # at once: the pool holds several connections now
+        warm = await asyncio.gather(*(generate(client, f"warm {i}") for i in range(6)))
+        assert all(r.status_code == 200 for r in warm), [r.text for r in warm]
+        await asyncio.to_thread(private_redis.kill)
+        await asyncio.to_thread(private_redis.start)  # empty: nothing of the earlier streams
+        for i in range(8):
+            r = await generate(client, f"after {i}")
+            assert r.status_code == 200, (i, r.text)
+        assert (await client.get("/readyz")).status_code == 200
 
 
 def test_a_killed_producer_is_taken_over_long_before_its_lease_expires(

@@ -4,12 +4,14 @@ The chaos campaign (scripts/chaos.py) killed 2 of 56 answers during retrieval; t
 `start_interrupted`. The first run now saves the question's plan before it searches, and a
 takeover that finds it (and no citation in the log) searches again and goes on. Stub engine,
 the real embedder and store; the query's embedding is made slow (STUB_SLOW_QUERY_S) so that the
-kill lands inside the search.
+kill lands inside the search. The cancel needs no process of its own: the service in the test
+process (tests/support/inprocess.py).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -20,6 +22,8 @@ from rag_stream.pipeline.answer import AnswerKind
 from rag_stream.pipeline.answer_plans import QuestionPlan
 from rag_stream.schemas.events import Citation, StreamStarted
 from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
+from tests.support import inprocess
+from tests.support.inprocess import InProcess, InProcessFactory
 from tests.support.kb import make_kb
 from tests.support.server import ServerProcess
 from tests.support.sse import Frame, read_stream, text_of
@@ -120,30 +124,39 @@ def test_a_takeover_after_some_citations_went_out_does_not_search_again() -> Non
         kind.continuation(plan.model_dump_json(), logged)
 
 
-def test_an_answer_cancelled_while_searching_ends_cancelled_and_is_recorded(
-    server_factory: ServerFactory, tmp_path: Path
+@pytest.fixture
+async def searching_slowly(in_process_factory: InProcessFactory) -> AsyncIterator[InProcess]:
+    async with in_process_factory(
+        delay_s=STUB_DELAY_S,
+        slow_query_s=SLOW_S,
+        streaming__key_prefix=f"rs-test-retrieval-{uuid.uuid4().hex[:8]}",
+    ) as service:
+        yield service
+
+
+async def test_an_answer_cancelled_while_searching_ends_cancelled_and_is_recorded(
+    searching_slowly: InProcess,
 ) -> None:
     """Nothing was answered, so no conversation keeps it; the stream is still recorded, as
     every ended stream is, and GET /v1/usage counts the request."""
-    prefix = f"rs-test-retrieval-{uuid.uuid4().hex[:8]}"
-    server = _server(server_factory, tmp_path / "data", prefix)
-    try:
-        kb = make_kb(server.url, DOCS, prefix="herons")
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            before = client.get("/v1/usage").json()["by_kind"].get("answer", {"requests": 0})
-            first = _answer(server, kb, stop_after=1)  # the `stream` event: the search has begun
-            sid = first[0].data["stream_id"]
-            assert client.get(f"/v1/streams/{sid}").json()["status"] == "running"
-            client.post(f"/v1/streams/{sid}/cancel").raise_for_status()
-            frames = first + read_stream(
-                client, "GET", f"/v1/streams/{sid}/events", headers={"Last-Event-ID": "0"}
-            )
-            assert [f.id for f in frames] == list(range(len(frames)))
-            assert [f.event for f in frames] == ["stream", "done"], frames
-            assert frames[-1].data["finish_reason"] == "cancelled"
-            after = client.get("/v1/usage").json()["by_kind"]["answer"]
-            assert after["requests"] == before["requests"] + 1
-            conversation = first[0].data["conversation_id"]
-            assert client.get(f"/v1/conversations/{conversation}").status_code == 404
-    finally:
-        server.stop()
+    client = searching_slowly.client
+    kb = await inprocess.make_kb(client, DOCS, prefix="herons")
+    before = (await client.get("/v1/usage")).json()["by_kind"].get("answer", {"requests": 0})
+    body = {"kb": kb, "question": QUESTION, "max_tokens": 80, "top_k": 2}
+    # the `stream` event: the search has begun
+    first = await inprocess.read_stream(
+        searching_slowly.live, "POST", "/v1/answers", json=body, stop_after=1
+    )
+    sid = first[0].data["stream_id"]
+    assert (await client.get(f"/v1/streams/{sid}")).json()["status"] == "running"
+    (await client.post(f"/v1/streams/{sid}/cancel")).raise_for_status()
+    frames = first + await inprocess.read_stream(
+        client, "GET", f"/v1/streams/{sid}/events", headers={"Last-Event-ID": "0"}
+    )
+    assert [f.id for f in frames] == list(range(len(frames)))
+    assert [f.event for f in frames] == ["stream", "done"], frames
+    assert frames[-1].data["finish_reason"] == "cancelled"
+    after = (await client.get("/v1/usage")).json()["by_kind"]["answer"]
+    assert after["requests"] == before["requests"] + 1
+    conversation = first[0].data["conversation_id"]
+    assert (await client.get(f"/v1/conversations/{conversation}")).status_code == 404

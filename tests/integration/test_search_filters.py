@@ -1,6 +1,6 @@
-"""Search filters on every metadata type an upload accepts: in-process on the real stores
-(SQLite and PostgreSQL; qdrant-edge and qdrant-client's local mode; the real embedder), in each
-search mode, then over HTTP on a real server."""
+"""Search filters on every metadata type an upload accepts: on the real stores (SQLite and
+PostgreSQL; qdrant-edge and qdrant-client's local mode; the real embedder), in each search mode,
+then over HTTP, on the service in the test process (tests/support/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from rag_stream.retrieval.qdrant_store import QdrantVectorStore
 from rag_stream.retrieval.vector_store import VectorQuery
 from rag_stream.schemas.kbs import SearchMode
 from rag_stream.schemas.tenants import LOCAL_TENANT
+from tests.support.inprocess import InProcess
 
 # The fixtures come from tests/support/kb_stack.py; test arguments reuse their names.
 # ruff: noqa: F811
@@ -30,7 +31,7 @@ from tests.support.kb_stack import (  # noqa: F401
     embedder,
     stack,
 )
-from tests.support.server import ServerProcess, free_port
+from tests.support.server import free_port
 
 BIG = 2**53  # from here on floats no longer hold every integer
 # One short document each (one chunk), all about the same thing so every one is a candidate.
@@ -147,54 +148,57 @@ async def test_a_vector_store_that_never_answers_times_out(silent_port: int) -> 
     assert caught.value.message == "vector store check failed: timed out"
 
 
-# Over HTTP on a real server process.
+# Over HTTP, on the service in the test process.
 
 LEAKS = ("validation error", "input_value", "type=", "pydantic", "Traceback", "/")
 
 
 @pytest.fixture(scope="module")
-def client(stub_server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=stub_server.url, timeout=120) as c:
-        yield c
+def client(in_process_module: InProcess) -> httpx.AsyncClient:
+    return in_process_module.client
 
 
 @pytest.fixture(scope="module")
-def kb(client: httpx.Client) -> str:
+async def kb(client: httpx.AsyncClient) -> str:
     name = f"filters-{uuid.uuid4().hex[:8]}"
-    client.post("/v1/kbs", json={"name": name}).raise_for_status()
+    (await client.post("/v1/kbs", json={"name": name})).raise_for_status()
     for title, meta in DOCS.items():
         doc = {"title": title, "text": _text(title), "metadata": meta}
-        client.post(f"/v1/kbs/{name}/documents", json=doc).raise_for_status()
+        (await client.post(f"/v1/kbs/{name}/documents", json=doc)).raise_for_status()
     return name
 
 
-def _titles(client: httpx.Client, kb: str, meta_filter: dict[str, Any]) -> set[str]:
+async def _titles(client: httpx.AsyncClient, kb: str, meta_filter: dict[str, Any]) -> set[str]:
     body = {"query": QUERY, "top_k": 20, "filter": meta_filter}
-    r = client.post(f"/v1/kbs/{kb}/search", json=body)
+    r = await client.post(f"/v1/kbs/{kb}/search", json=body)
     assert r.status_code == 200, r.text
     return {hit["title"] for hit in r.json()["results"]}
 
 
-def test_filters_on_floats_and_mixed_lists_return_results(client: httpx.Client, kb: str) -> None:
+async def test_filters_on_floats_and_mixed_lists_return_results(
+    client: httpx.AsyncClient, kb: str
+) -> None:
     for meta_filter, expected in CASES:
-        assert _titles(client, kb, meta_filter) == expected, meta_filter
+        assert await _titles(client, kb, meta_filter) == expected, meta_filter
 
 
-def test_search_takes_a_mode_and_refuses_an_unknown_one(client: httpx.Client, kb: str) -> None:
+async def test_search_takes_a_mode_and_refuses_an_unknown_one(
+    client: httpx.AsyncClient, kb: str
+) -> None:
     for mode in ("hybrid", "dense", "sparse"):
         body = {"query": QUERY, "top_k": 20, "mode": mode, "filter": {"team": ["zoo", 3]}}
-        r = client.post(f"/v1/kbs/{kb}/search", json=body)
+        r = await client.post(f"/v1/kbs/{kb}/search", json=body)
         assert r.status_code == 200, r.text
         assert {hit["title"] for hit in r.json()["results"]} == {"A", "C"}
-    r = client.post(f"/v1/kbs/{kb}/search", json={"query": QUERY, "mode": "fuzzy"})
+    r = await client.post(f"/v1/kbs/{kb}/search", json={"query": QUERY, "mode": "fuzzy"})
     assert r.status_code == 422 and "mode" in r.json()["error"]["message"]
 
 
-def _refused(client: httpx.Client, path: str, body: bytes | dict[str, Any]) -> str:
+async def _refused(client: httpx.AsyncClient, path: str, body: bytes | dict[str, Any]) -> str:
     if isinstance(body, bytes):  # JSON that json.dumps would not write (NaN)
-        r = client.post(path, content=body, headers={"content-type": "application/json"})
+        r = await client.post(path, content=body, headers={"content-type": "application/json"})
     else:
-        r = client.post(path, json=body)
+        r = await client.post(path, json=body)
     assert r.status_code == 422, r.text
     error = r.json()["error"]
     assert error["code"] == "invalid_request"
@@ -217,22 +221,23 @@ def _refused(client: httpx.Client, path: str, body: bytes | dict[str, Any]) -> s
         ({"a.b": 1}, "filter.a.b.[key]: String should match pattern"),
     ],
 )
-def test_bad_filters_are_refused_with_the_reason(
-    client: httpx.Client, kb: str, meta_filter: dict[str, Any], says: str
+async def test_bad_filters_are_refused_with_the_reason(
+    client: httpx.AsyncClient, kb: str, meta_filter: dict[str, Any], says: str
 ) -> None:
     body = {"query": QUERY, "filter": meta_filter}
-    assert _refused(client, f"/v1/kbs/{kb}/search", body).startswith(says)
+    assert (await _refused(client, f"/v1/kbs/{kb}/search", body)).startswith(says)
 
 
-def test_non_finite_numbers_are_refused_in_filters_and_uploads(
-    client: httpx.Client, kb: str
+async def test_non_finite_numbers_are_refused_in_filters_and_uploads(
+    client: httpx.AsyncClient, kb: str
 ) -> None:
     search = b'{"query": "heron", "filter": {"score": NaN}}'
-    message = _refused(client, f"/v1/kbs/{kb}/search", search)
+    message = await _refused(client, f"/v1/kbs/{kb}/search", search)
     assert message == "filter.score: numbers must be finite (no NaN or infinity)"
     threshold = b'{"query": "heron", "score_threshold": NaN}'
-    assert _refused(client, f"/v1/kbs/{kb}/search", threshold).startswith("score_threshold:")
+    said = await _refused(client, f"/v1/kbs/{kb}/search", threshold)
+    assert said.startswith("score_threshold:")
     upload = b'{"title": "t", "text": "heron", "metadata": {"score": Infinity}}'
-    message = _refused(client, f"/v1/kbs/{kb}/documents", upload)
+    message = await _refused(client, f"/v1/kbs/{kb}/documents", upload)
     assert message == "metadata.score: numbers must be finite (no NaN or infinity)"
-    assert client.get(f"/v1/kbs/{kb}").json()["document_count"] == len(DOCS)
+    assert (await client.get(f"/v1/kbs/{kb}")).json()["document_count"] == len(DOCS)
