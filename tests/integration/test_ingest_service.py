@@ -141,9 +141,10 @@ async def test_an_upload_that_loses_the_race_by_a_whole_commit_stores_nothing(
     """B is prepared (no such content yet), then A stores the same document completely, then B
     commits: B finds A's version under the same source and stands down (it used to replace it,
     and both reported created)."""
-    a_done = asyncio.Event()
+    b_waiting, a_done = asyncio.Event(), asyncio.Event()
 
     async def wait_for_a() -> None:
+        b_waiting.set()
         await a_done.wait()
 
     kb = await stack.new_kb()
@@ -151,7 +152,7 @@ async def test_an_upload_that_loses_the_race_by_a_whole_commit_stores_nothing(
     b_task = asyncio.create_task(
         b.ingest(kb, draft(GUIDE, "Garden", "garden.md"), tenant=LOCAL_TENANT)
     )
-    await asyncio.sleep(0.5)  # B is past its checks, waiting after its vector upsert
+    await asyncio.wait_for(b_waiting.wait(), 60)  # B is past its checks, after its upsert
     a = await stack.ingestor.ingest(kb, draft(GUIDE, "Garden", "garden.md"), tenant=LOCAL_TENANT)
     a_done.set()
     b_result = await b_task

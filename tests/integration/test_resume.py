@@ -13,8 +13,10 @@ import httpx
 import pytest
 
 from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
-from tests.support.server import ServerProcess, free_port
+from tests.support.redis_server import RedisServer
+from tests.support.server import ServerProcess
 from tests.support.sse import Frame, read_stream, text_of
+from tests.support.waiting import eventually_sync
 
 pytestmark = pytest.mark.engine
 
@@ -188,7 +190,8 @@ def test_abandoned_stream_is_cancelled(server_factory: ServerFactory) -> None:
         first = _start(server, "Nobody is listening", 4000, stop_after=2)  # 20 s of tokens
         sid = first[0].data["stream_id"]
         assert _status(server, sid)["status"] == "running"
-        time.sleep(4)
+        # abandoned after 1 s; left alone it would run 20 s and end with "length"
+        eventually_sync(lambda: _status(server, sid)["status"] != "running", "the stream's end", 60)
         status = _status(server, sid)
         assert status["status"] == "done"
         assert status["finish_reason"] == "cancelled"
@@ -201,26 +204,11 @@ def test_abandoned_stream_is_cancelled(server_factory: ServerFactory) -> None:
 
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    time.sleep(0.5)
-    yield f"redis://127.0.0.1:{port}/0", proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    redis = RedisServer(tmp_path)
+    redis.start()  # answers PING when it returns
+    assert redis.proc is not None
+    yield redis.url, redis.proc
+    redis.kill()
 
 
 def test_redis_stopped_mid_stream_ends_with_an_error_and_new_requests_get_503(

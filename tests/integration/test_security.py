@@ -2,12 +2,12 @@
 PostgreSQL database), API keys required, DEBUG logging with access logs, a CORS origin and the
 trusted host names configured.
 
-- Tenants: every route that takes a key is in ``CROSS_TENANT`` (the set is checked against the
-  app's routes, so a new route without a case fails). Each case has beta (and gamma, a tenant
-  that owns nothing) reach for what alpha made, by alpha's ids, by alpha's names, and by alpha's
-  ids inside beta's own containers (beta's KB with alpha's document, chunk or conversation):
-  always the 404 an unknown id gets, nothing of alpha's in any answer, and alpha's things as
-  they were.
+- Tenants: every route that takes a key is in ``CROSS_TENANT`` (tests/support/tenant_probes.py,
+  the one cross-tenant table; the set is checked against the app's routes, so a new route
+  without a case fails). Each case has beta (and gamma, a tenant that owns nothing) reach for
+  what alpha made, by alpha's ids, by alpha's names, and by alpha's ids inside beta's own
+  containers (beta's KB with alpha's document, chunk or conversation): always the 404 an
+  unknown id gets, nothing of alpha's in any answer, and alpha's things as they were.
 - Keys: after valid, wrong, revoked, unknown and misplaced keys (other headers too) on every
   route, no key, nor a piece of its secret, is in the server's output (DEBUG level), in Redis,
   in any SQL row or in the data folder; only the SHA-256 of a key is stored. Neither are the
@@ -35,11 +35,10 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -56,6 +55,15 @@ from tests.support.pdfs import linking_pdf
 from tests.support.pg import postgres_database
 from tests.support.redis_keys import drop_keys
 from tests.support.server import ROOT, ServerProcess
+from tests.support.tenant_probes import (
+    CROSS_TENANT,
+    PUBLIC,
+    World,
+    build_world,
+    ok,
+    wait_job,
+)
+from tests.support.waiting import eventually_sync
 
 PREFIX = f"{SESSION_PREFIX}-security"  # this server's keys in the shared Redis
 APP_ORIGIN = "https://app.example"
@@ -65,7 +73,6 @@ TRUSTED_NAME = "rag.example"
 # has none, so both accept any): they must stay out of the log as well as the API keys.
 DB_PASSWORD = f"dbpw{uuid.uuid4().hex}"
 REDIS_PASSWORD = f"redispw{uuid.uuid4().hex}"
-ALPHA_WORD = "Zorblatquux"  # only in alpha's documents: never in another tenant's answers
 
 
 @dataclass
@@ -135,402 +142,17 @@ def _client(served: Served, who: str | None, **headers: str) -> httpx.Client:
     return httpx.Client(base_url=served.server.url, headers=headers, timeout=60)
 
 
-# --- what alpha owns, and beta's look-alikes ---------------------------------------------------
-
-
-@dataclass
-class World:
-    served: Served
-    alpha: httpx.Client
-    beta: httpx.Client
-    gamma: httpx.Client  # owns nothing at all
-    kb: str  # alpha's KB name; beta has a KB of the same name
-    kb_id: str
-    beta_kb_id: str
-    doc_id: str
-    chunk_id: str
-    beta_doc_ids: set[str]
-    conversation_id: str
-    answer_stream: str
-    chat_stream: str
-    generate_stream: str
-    job_id: str
-    job_stream: str
-    alpha_ids: set[str] = field(default_factory=set)  # every id above of alpha's
-
-    @property
-    def alpha_streams(self) -> list[str]:
-        return [self.answer_stream, self.chat_stream, self.generate_stream, self.job_stream]
-
-
-def _ok(r: httpx.Response, status: int = 200) -> Any:
-    """The JSON body of a response that must have ``status``."""
-    assert r.status_code == status, (r.status_code, r.text)
-    return r.json()
-
-
-def _wait_job(client: httpx.Client, job_id: str) -> Any:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        job = _ok(client.get(f"/v1/jobs/{job_id}"))
-        if job["status"] not in ("queued", "running"):
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not end")
+# --- tenants: the cross-tenant table (tests/support/tenant_probes.py) ------------------------
 
 
 @pytest.fixture(scope="module")
 def world(served: Served) -> Iterator[World]:
     alpha, beta, gamma = (_client(served, t) for t in ("alpha", "beta", "gamma"))
-    kb = f"shared-{uuid.uuid4().hex[:6]}"
-    kb_id = str(_ok(alpha.post("/v1/kbs", json={"name": kb}), 201)["id"])
-    beta_kb_id = str(_ok(beta.post("/v1/kbs", json={"name": kb}), 201)["id"])
-    doc = _ok(
-        alpha.post(
-            f"/v1/kbs/{kb}/documents",
-            json={
-                "title": "Herons",
-                "text": f"Herons nest in the {ALPHA_WORD} delta every spring.",
-                "metadata": {"team": "alpha"},
-            },
-        ),
-        201,
-    )
-    doc_id = str(doc["id"])
-    detail = _ok(alpha.get(f"/v1/kbs/{kb}/documents/{doc_id}", params={"include_chunks": True}))
-    chunk_id = str(detail["chunks"][0]["id"])
-    beta_doc = _ok(
-        beta.post(
-            f"/v1/kbs/{kb}/documents",
-            json={"title": "Pelicans", "text": "Pelicans nest on the delta's islands."},
-        ),
-        201,
-    )
-    question = {"kb": kb, "question": f"Where do herons nest? {ALPHA_WORD}", "max_tokens": 8}
-    answer = _ok(alpha.post("/v1/answers", json={**question, "stream": False}))
-    chat = {
-        "model": f"kb:{kb}",
-        "messages": [{"role": "user", "content": f"Herons? {ALPHA_WORD}"}],
-        "max_tokens": 8,
-        "stream": True,
-    }
-    with alpha.stream("POST", "/v1/chat/completions", json=chat) as r:
-        assert r.status_code == 200, r.read()
-        chat_stream = r.headers["X-Stream-Id"]
-        r.read()
-    generated = _ok(
-        alpha.post("/v1/generate", json={"prompt": "Hi", "max_tokens": 4, "stream": False})
-    )
-    job = _ok(
-        alpha.post(
-            "/v1/jobs",
-            json={
-                "kb": kb,
-                "title": "Herons",
-                "outline": ["Nests"],
-                "section_tokens": 4,
-                "top_k": 1,
-            },
-        ),
-        202,
-    )
-    assert _wait_job(alpha, str(job["id"]))["status"] == "completed"
-    w = World(
-        served=served,
-        alpha=alpha,
-        beta=beta,
-        gamma=gamma,
-        kb=kb,
-        kb_id=kb_id,
-        beta_kb_id=beta_kb_id,
-        doc_id=doc_id,
-        chunk_id=chunk_id,
-        beta_doc_ids={str(beta_doc["id"])},
-        conversation_id=str(answer["conversation_id"]),
-        answer_stream=str(answer["stream_id"]),
-        chat_stream=chat_stream,
-        generate_stream=str(generated["stream_id"]),
-        job_id=str(job["id"]),
-        job_stream=str(job["stream_id"]),
-    )
-    w.alpha_ids = {kb_id, doc_id, chunk_id, w.conversation_id, w.job_id, *w.alpha_streams}
-    yield w
-    for client in (alpha, beta, gamma):
-        client.close()
-
-
-def _not_found(w: World, r: httpx.Response) -> None:
-    """The answer an unknown id gets, and nothing of alpha's in it."""
-    assert r.status_code == 404, (r.request.method, r.request.url, r.status_code, r.text)
-    assert r.json()["error"]["code"] in ("not_found", "model_not_found")
-    assert ALPHA_WORD not in r.text
-
-
-def _nothing_of_alphas(w: World, r: httpx.Response) -> None:
-    assert r.status_code < 300, r.text
-    leaked = {i for i in w.alpha_ids if i in r.text}
-    assert not leaked and ALPHA_WORD not in r.text, (leaked, r.text[:500])
-
-
-def _alpha_intact(w: World) -> None:
-    kb = _ok(w.alpha.get(f"/v1/kbs/{w.kb_id}"))
-    assert kb["document_count"] == 1, kb
-    _ok(w.alpha.get(f"/v1/kbs/{w.kb_id}/documents/{w.doc_id}"))
-    _ok(w.alpha.get(f"/v1/kbs/{w.kb_id}/chunks/{w.chunk_id}"))
-
-
-def _start_long(client: httpx.Client) -> str:
-    """A generation still running while the test acts on it (4,000 tokens at 200 a second)."""
-    body = {"prompt": "Count.", "max_tokens": 4000, "coalesce": {"tokens": 32, "ms": 500}}
-    with client.stream("POST", "/v1/generate", json=body) as r:
-        assert r.status_code == 200, r.read()
-        sid = r.headers["X-Stream-Id"]
-    assert _ok(client.get(f"/v1/streams/{sid}"))["status"] == "running"
-    return sid
-
-
-# --- one case per route ---------------------------------------------------------------------
-
-
-def kbs_list(w: World) -> None:
-    for client in (w.beta, w.gamma):
-        _nothing_of_alphas(w, client.get("/v1/kbs"))
-    mine = _ok(w.beta.get("/v1/kbs"))["data"]
-    assert [k["id"] for k in mine if k["name"] == w.kb] == [w.beta_kb_id]
-
-
-def kbs_create(w: World) -> None:
-    # a name alpha uses is free for gamma: no 409 that would tell it alpha has one
-    r = w.gamma.post("/v1/kbs", json={"name": w.kb})
-    _nothing_of_alphas(w, r)
-    assert r.status_code == 201 and r.json()["document_count"] == 0
-    assert w.gamma.delete(f"/v1/kbs/{r.json()['id']}").status_code == 204
-    _alpha_intact(w)
-
-
-def kbs_get(w: World) -> None:
-    _not_found(w, w.beta.get(f"/v1/kbs/{w.kb_id}"))
-    _not_found(w, w.gamma.get(f"/v1/kbs/{w.kb}"))
-    assert _ok(w.beta.get(f"/v1/kbs/{w.kb}"))["id"] == w.beta_kb_id  # its own, by the name
-
-
-def kbs_delete(w: World) -> None:
-    _not_found(w, w.beta.delete(f"/v1/kbs/{w.kb_id}"))
-    _not_found(w, w.gamma.delete(f"/v1/kbs/{w.kb}"))
-    _alpha_intact(w)
-
-
-def chunk_get(w: World) -> None:
-    for kb in (w.kb_id, w.beta_kb_id, w.kb):  # alpha's KB; beta's own, by id and by name
-        _not_found(w, w.beta.get(f"/v1/kbs/{kb}/chunks/{w.chunk_id}"))
-    _not_found(w, w.gamma.get(f"/v1/kbs/{w.kb}/chunks/{w.chunk_id}"))
-
-
-def documents_upload(w: World) -> None:
-    doc = {"title": "Planted", "text": f"planted {uuid.uuid4().hex}"}
-    _not_found(w, w.beta.post(f"/v1/kbs/{w.kb_id}/documents", json=doc))
-    _not_found(w, w.gamma.post(f"/v1/kbs/{w.kb}/documents", json=doc))
-    upload = {"file": ("planted.txt", doc["text"].encode(), "text/plain")}
-    _not_found(w, w.beta.post(f"/v1/kbs/{w.kb_id}/documents", files=upload))
-    # beta's upload under the shared name lands in beta's own KB
-    r = w.beta.post(f"/v1/kbs/{w.kb}/documents", json=doc)
-    assert _ok(r, 201)["kb_id"] == w.beta_kb_id
-    w.beta_doc_ids.add(str(r.json()["id"]))
-    _alpha_intact(w)
-
-
-def documents_list(w: World) -> None:
-    _not_found(w, w.beta.get(f"/v1/kbs/{w.kb_id}/documents"))
-    _not_found(w, w.gamma.get(f"/v1/kbs/{w.kb}/documents"))
-    _nothing_of_alphas(w, w.beta.get(f"/v1/kbs/{w.kb}/documents"))
-
-
-def document_get(w: World) -> None:
-    for kb in (w.kb_id, w.beta_kb_id, w.kb):
-        _not_found(w, w.beta.get(f"/v1/kbs/{kb}/documents/{w.doc_id}?include_chunks=true"))
-
-
-def document_delete(w: World) -> None:
-    for kb in (w.kb_id, w.beta_kb_id, w.kb):
-        _not_found(w, w.beta.delete(f"/v1/kbs/{kb}/documents/{w.doc_id}"))
-    _alpha_intact(w)
-
-
-def search(w: World) -> None:
-    query = {"query": f"herons nest {ALPHA_WORD}", "top_k": 20}
-    _not_found(w, w.beta.post(f"/v1/kbs/{w.kb_id}/search", json=query))
-    _not_found(w, w.gamma.post(f"/v1/kbs/{w.kb}/search", json=query))
-    for mode in ("hybrid", "dense", "sparse"):  # beta's own KB: only beta's documents
-        r = w.beta.post(f"/v1/kbs/{w.kb}/search", json={**query, "mode": mode})
-        _nothing_of_alphas(w, r)
-        assert {h["document_id"] for h in r.json()["results"]} <= w.beta_doc_ids
-
-
-def answers(w: World) -> None:
-    body = {"question": f"Where do herons nest? {ALPHA_WORD}", "stream": False, "max_tokens": 4}
-    _not_found(w, w.beta.post("/v1/answers", json={**body, "kb": w.kb_id}))
-    _not_found(w, w.gamma.post("/v1/answers", json={**body, "kb": w.kb}))
-    # alpha's conversation continued on beta's own KB
-    follow_up = {**body, "kb": w.beta_kb_id, "conversation_id": w.conversation_id}
-    _not_found(w, w.beta.post("/v1/answers", json=follow_up))
-    r = w.beta.post("/v1/answers", json={**body, "kb": w.kb, "question": "Where do herons nest?"})
-    _nothing_of_alphas(w, r)
-    assert {c["document_id"] for c in r.json()["citations"]} <= w.beta_doc_ids
-
-
-def generate(w: World) -> None:
-    # the stream a request starts is its caller's alone
-    r = _ok(w.beta.post("/v1/generate", json={"prompt": "Hi", "max_tokens": 2, "stream": False}))
-    _not_found(w, w.alpha.get(f"/v1/streams/{r['stream_id']}"))
-    _ok(w.beta.get(f"/v1/streams/{r['stream_id']}"))
-    _not_found(w, w.beta.get(f"/v1/streams/{w.generate_stream}"))
-
-
-def stream_events(w: World) -> None:
-    for sid in w.alpha_streams:
-        _not_found(w, w.beta.get(f"/v1/streams/{sid}/events"))
-        _not_found(w, w.beta.get(f"/v1/streams/{sid}/events", headers={"Last-Event-ID": "0"}))
-        _not_found(w, w.gamma.get(f"/v1/streams/{sid}/events", params={"last_event_id": 0}))
-
-
-def stream_status(w: World) -> None:
-    for sid in w.alpha_streams:
-        _not_found(w, w.beta.get(f"/v1/streams/{sid}"))
-
-
-def stream_cancel(w: World) -> None:
-    running = _start_long(w.alpha)
-    for sid in [running, *w.alpha_streams]:
-        _not_found(w, w.beta.post(f"/v1/streams/{sid}/cancel"))
-    status = _ok(w.alpha.get(f"/v1/streams/{running}"))
-    assert status["status"] == "running" and status["cancel_requested"] is False, status
-    assert _ok(w.alpha.post(f"/v1/streams/{running}/cancel"))["cancelled"] is True
-
-
-def conversation(w: World) -> None:
-    _not_found(w, w.beta.get(f"/v1/conversations/{w.conversation_id}"))
-    _ok(w.alpha.get(f"/v1/conversations/{w.conversation_id}"))
-
-
-def conversations_list(w: World) -> None:
-    _nothing_of_alphas(w, w.beta.get("/v1/conversations"))
-    # alpha's conversation is no cursor for beta: the answer an unknown id gets
-    theirs = w.beta.get("/v1/conversations", params={"before": w.conversation_id})
-    unknown = w.beta.get("/v1/conversations", params={"before": uuid.uuid4().hex})
-    assert theirs.status_code == unknown.status_code == 422, theirs.text
-    assert ALPHA_WORD not in theirs.text
-
-
-def chat_completions(w: World) -> None:
-    body = {"messages": [{"role": "user", "content": f"Herons? {ALPHA_WORD}"}], "max_tokens": 4}
-    _not_found(w, w.gamma.post("/v1/chat/completions", json={**body, "model": f"kb:{w.kb}"}))
-    _not_found(w, w.beta.post("/v1/chat/completions", json={**body, "model": f"kb:{w.kb_id}"}))
-    # kb:<the shared name> is beta's own KB for beta: its sources are beta's
-    plain = {"messages": [{"role": "user", "content": "Herons?"}], "max_tokens": 4}
-    r = w.beta.post("/v1/chat/completions", json={**plain, "model": f"kb:{w.kb}"})
-    _nothing_of_alphas(w, r)
-    assert {s["document_id"] for s in r.json()["search_results"]} <= w.beta_doc_ids
-
-
-def models_list(w: World) -> None:
-    ids = [m["id"] for m in _ok(w.gamma.get("/v1/models"))["data"]]
-    assert ids and f"kb:{w.kb}" not in ids
-    _nothing_of_alphas(w, w.beta.get("/v1/models"))
-
-
-def model_get(w: World) -> None:
-    _not_found(w, w.gamma.get(f"/v1/models/kb:{w.kb}"))
-    _not_found(w, w.beta.get(f"/v1/models/kb:{w.kb_id}"))
-
-
-def usage(w: World) -> None:
-    theirs, none = _ok(w.alpha.get("/v1/usage")), _ok(w.gamma.get("/v1/usage"))
-    assert theirs["tenant"] == "alpha" and none["tenant"] == "gamma"
-    assert theirs["total"]["requests"] >= 4
-    assert none["by_kind"] == {} and set(none["total"].values()) == {0}, none
-    assert "job" not in _ok(w.beta.get("/v1/usage"))["by_kind"]  # only alpha ran a job
-
-
-JOB = {"title": "T", "outline": ["A"], "section_tokens": 4, "top_k": 1}
-
-
-def jobs_create(w: World) -> None:
-    _not_found(w, w.beta.post("/v1/jobs", json={**JOB, "kb": w.kb_id}))
-    _not_found(w, w.gamma.post("/v1/jobs", json={**JOB, "kb": w.kb}))
-
-
-def jobs_list(w: World) -> None:
-    _nothing_of_alphas(w, w.beta.get("/v1/jobs"))
-    assert w.beta.get("/v1/jobs", params={"before": w.job_id}).status_code == 422
-
-
-def jobs_get(w: World) -> None:
-    _not_found(w, w.beta.get(f"/v1/jobs/{w.job_id}"))
-
-
-def jobs_events(w: World) -> None:
-    _not_found(w, w.beta.get(f"/v1/jobs/{w.job_id}/events"))
-    _not_found(w, w.beta.get(f"/v1/jobs/{w.job_id}/events", headers={"Last-Event-ID": "1"}))
-
-
-def jobs_result(w: World) -> None:
-    _not_found(w, w.beta.get(f"/v1/jobs/{w.job_id}/result"))
-    _not_found(w, w.beta.get(f"/v1/jobs/{w.job_id}/result", params={"format": "json"}))
-
-
-def jobs_cancel(w: World) -> None:
-    _not_found(w, w.beta.post(f"/v1/jobs/{w.job_id}/cancel"))
-    assert _ok(w.alpha.get(f"/v1/jobs/{w.job_id}"))["status"] == "completed"
-
-
-def jobs_delete(w: World) -> None:
-    _not_found(w, w.beta.delete(f"/v1/jobs/{w.job_id}"))
-    assert w.alpha.get(f"/v1/jobs/{w.job_id}/result").status_code == 200
-
-
-CROSS_TENANT: dict[tuple[str, str], Callable[[World], None]] = {
-    ("GET", "/v1/kbs"): kbs_list,
-    ("POST", "/v1/kbs"): kbs_create,
-    ("GET", "/v1/kbs/{kb}"): kbs_get,
-    ("DELETE", "/v1/kbs/{kb}"): kbs_delete,
-    ("GET", "/v1/kbs/{kb}/chunks/{chunk_id}"): chunk_get,
-    ("POST", "/v1/kbs/{kb}/documents"): documents_upload,
-    ("GET", "/v1/kbs/{kb}/documents"): documents_list,
-    ("GET", "/v1/kbs/{kb}/documents/{doc}"): document_get,
-    ("DELETE", "/v1/kbs/{kb}/documents/{doc}"): document_delete,
-    ("POST", "/v1/kbs/{kb}/search"): search,
-    ("POST", "/v1/answers"): answers,
-    ("POST", "/v1/generate"): generate,
-    ("GET", "/v1/streams/{stream_id}/events"): stream_events,
-    ("GET", "/v1/streams/{stream_id}"): stream_status,
-    ("POST", "/v1/streams/{stream_id}/cancel"): stream_cancel,
-    ("GET", "/v1/conversations/{conversation_id}"): conversation,
-    ("GET", "/v1/conversations"): conversations_list,
-    ("POST", "/v1/chat/completions"): chat_completions,
-    ("GET", "/v1/models"): models_list,
-    ("GET", "/v1/models/{model_id}"): model_get,
-    ("GET", "/v1/usage"): usage,
-    ("POST", "/v1/jobs"): jobs_create,
-    ("GET", "/v1/jobs"): jobs_list,
-    ("GET", "/v1/jobs/{job_id}"): jobs_get,
-    ("GET", "/v1/jobs/{job_id}/events"): jobs_events,
-    ("GET", "/v1/jobs/{job_id}/result"): jobs_result,
-    ("POST", "/v1/jobs/{job_id}/cancel"): jobs_cancel,
-    ("DELETE", "/v1/jobs/{job_id}"): jobs_delete,
-}
-# Routes that serve no tenant's data and take no key: probes, metrics (its own setting), the
-# API description and the chat page's files.
-PUBLIC = {
-    ("GET", "/healthz"),
-    ("GET", "/readyz"),
-    ("GET", "/metrics"),
-    ("GET", "/openapi.json"),
-    ("GET", "/docs"),
-    ("GET", "/docs/oauth2-redirect"),
-    ("GET", "/redoc"),
-    ("GET", "/"),
-    ("GET", "/static/{path}"),
-}
+    try:
+        yield build_world(alpha, beta, gamma)
+    finally:
+        for client in (alpha, beta, gamma):
+            client.close()
 
 
 def _app_routes() -> dict[tuple[str, str], bool]:
@@ -610,7 +232,7 @@ def _tree(root: Path, skip: Path) -> set[str]:
 def test_hostile_file_names_write_nothing_outside_the_data_folder(served: Served) -> None:
     token = f"escape{uuid.uuid4().hex[:10]}"
     with _client(served, "alpha") as alpha:
-        kb = str(_ok(alpha.post("/v1/kbs", json={"name": f"uploads-{token}"}), 201)["id"])
+        kb = str(ok(alpha.post("/v1/kbs", json={"name": f"uploads-{token}"}), 201)["id"])
         outside_before = _tree(served.around, served.data)
         names = [
             f"../../{token}-up.txt",
@@ -654,7 +276,7 @@ def test_hostile_file_names_write_nothing_outside_the_data_folder(served: Served
         assert by_name["../" * 300 + f"{token}-long.txt"].status_code == 201
         stored = {r.json()["source"] for r in answers[: len(names)] if r.status_code < 300}
         assert all(s is None or "/" not in s for s in stored), stored  # file names: base names
-        assert _ok(alpha.get(f"/v1/kbs/{kb}"))["document_count"] >= 10
+        assert ok(alpha.get(f"/v1/kbs/{kb}"))["document_count"] >= 10
         # nothing new beside the data folder; no file named after an upload anywhere
         assert _tree(served.around, served.data) == outside_before
         for root, depth in (
@@ -678,18 +300,22 @@ def _open_files(pid: int) -> set[str]:
     return found
 
 
+def _bytes_read(pid: int) -> int:
+    """What the process has read so far, from files and sockets alike (``rchar``)."""
+    with open(f"/proc/{pid}/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+
 def test_a_large_upload_is_kept_in_memory_not_spooled_to_a_temp_file(served: Served) -> None:
     """Starlette spools a form's file over 1 MB to an unnamed file in the system's temp dir:
     the upload written outside the data folder. Paused after 1.5 MB, the server process must
     hold no file outside the data folder that it did not hold before."""
     pid = served.server.proc.pid
     with _client(served, "alpha") as alpha:
-        kb = str(
-            _ok(alpha.post("/v1/kbs", json={"name": f"big-{uuid.uuid4().hex[:6]}"}), 201)["id"]
-        )
+        kb = str(ok(alpha.post("/v1/kbs", json={"name": f"big-{uuid.uuid4().hex[:6]}"}), 201)["id"])
         warm = {"file": ("small.txt", b"A small file first: the path is warm.", "text/plain")}
-        _ok(alpha.post(f"/v1/kbs/{kb}/documents", files=warm), 201)
-        before = _open_files(pid)
+        ok(alpha.post(f"/v1/kbs/{kb}/documents", files=warm), 201)
+        before, read_before = _open_files(pid), _bytes_read(pid)
         boundary = uuid.uuid4().hex
         most_sent, finish = threading.Event(), threading.Event()
 
@@ -710,11 +336,16 @@ def test_a_large_upload_is_kept_in_memory_not_spooled_to_a_temp_file(served: Ser
             )
             assert most_sent.wait(30)
             outside: set[str] = set()
-            deadline = time.monotonic() + 3  # the server reads and parses 1.5 MB meanwhile
-            while time.monotonic() < deadline:
+
+            def look() -> bool:
+                """Note the files opened outside the data folder; true once the server has
+                read the 1.5 MB sent (a spooled file would be open by then, until the end)."""
                 now = _open_files(pid) - before
-                outside |= {f for f in now if not Path(f).is_relative_to(served.data)}
-                time.sleep(0.05)
+                outside.update(f for f in now if not Path(f).is_relative_to(served.data))
+                return _bytes_read(pid) - read_before >= 1_500_000
+
+            eventually_sync(look, "the server reading the 1.5 MB sent", 60)
+            look()  # once more, after the last of it was read
             finish.set()
             r = answer.result(timeout=60)
     assert not outside, outside
@@ -729,7 +360,7 @@ def test_the_service_never_fetches_a_url_a_client_gives(served: Served) -> None:
     u = listener.url
     try:
         with _client(served, "alpha", Referer=u, **{"X-Forwarded-Host": u[7:]}) as alpha:
-            kb = str(_ok(alpha.post("/v1/kbs", json={"name": f"urls-{listener.port}"}), 201)["id"])
+            kb = str(ok(alpha.post("/v1/kbs", json={"name": f"urls-{listener.port}"}), 201)["id"])
             html = (
                 f'<html><head><base href="{u}/"><link rel="stylesheet" href="{u}/s.css">'
                 f'<meta http-equiv="refresh" content="0;url={u}/r"><script src="{u}/s.js">'
@@ -754,13 +385,13 @@ def test_the_service_never_fetches_a_url_a_client_gives(served: Served) -> None:
                 )
                 assert r.status_code in (200, 201), (name, r.text)
             doc = {"title": u, "text": f"See {u}/x and ![i]({u}/i.png).", "source": f"{u}/s"}
-            _ok(alpha.post(f"/v1/kbs/{kb}/documents", json={**doc, "metadata": {"u": u}}), 201)
-            _ok(alpha.post("/v1/kbs", json={"name": f"u-{listener.port}", "description": u}), 201)
-            _ok(alpha.post(f"/v1/kbs/{kb}/search", json={"query": u, "filter": {"u": u}}))
-            _ok(alpha.post("/v1/answers", json={"kb": kb, "question": u, "stream": False}))
+            ok(alpha.post(f"/v1/kbs/{kb}/documents", json={**doc, "metadata": {"u": u}}), 201)
+            ok(alpha.post("/v1/kbs", json={"name": f"u-{listener.port}", "description": u}), 201)
+            ok(alpha.post(f"/v1/kbs/{kb}/search", json={"query": u, "filter": {"u": u}}))
+            ok(alpha.post("/v1/answers", json={"kb": kb, "question": u, "stream": False}))
             assert alpha.post("/v1/answers", json={"kb": u, "question": "x"}).status_code == 404
             chat = {"model": f"kb:{kb}", "max_tokens": 4}
-            _ok(
+            ok(
                 alpha.post(
                     "/v1/chat/completions",
                     json={**chat, "messages": [{"role": "user", "content": u}]},
@@ -784,10 +415,10 @@ def test_the_service_never_fetches_a_url_a_client_gives(served: Served) -> None:
             ):
                 r = alpha.post("/v1/chat/completions", json={**chat, "messages": user, **extra})
                 assert r.status_code in (400, 404), r.text
-            _ok(alpha.post("/v1/generate", json={"prompt": u, "max_tokens": 2, "stream": False}))
+            ok(alpha.post("/v1/generate", json={"prompt": u, "max_tokens": 2, "stream": False}))
             job = {"kb": kb, "title": u, "instructions": f"fetch {u}", "outline": [u]}
-            made = _ok(alpha.post("/v1/jobs", json={**job, "section_tokens": 4, "top_k": 2}), 202)
-            assert _wait_job(alpha, str(made["id"]))["status"] == "completed"
+            made = ok(alpha.post("/v1/jobs", json={**job, "section_tokens": 4, "top_k": 2}), 202)
+            assert wait_job(alpha, str(made["id"]))["status"] == "completed"
         time.sleep(1.0)  # anything started in the background has had its moment
         assert listener.connections == [], listener.connections
         # the listener does see a connection when one is made
@@ -806,8 +437,8 @@ def test_only_the_listed_origin_gets_cors_headers_or_may_change_anything(
     served: Served,
 ) -> None:
     with _client(served, "alpha") as alpha:
-        target = _ok(alpha.post("/v1/kbs", json={"name": f"target-{uuid.uuid4().hex[:6]}"}), 201)
-        before = _ok(alpha.get("/v1/kbs"))["data"]
+        target = ok(alpha.post("/v1/kbs", json={"name": f"target-{uuid.uuid4().hex[:6]}"}), 201)
+        before = ok(alpha.get("/v1/kbs"))["data"]
         preflight = {
             "Access-Control-Request-Method": "POST",
             "Access-Control-Request-Headers": "authorization,content-type",
@@ -843,7 +474,7 @@ def test_only_the_listed_origin_gets_cors_headers_or_may_change_anything(
                 assert r.status_code == 403, (origin, method, path, r.text)
                 assert r.json()["error"]["code"] == "forbidden_origin"
                 assert "access-control-allow-origin" not in r.headers
-        assert _ok(alpha.get("/v1/kbs"))["data"] == before  # nothing made, nothing deleted
+        assert ok(alpha.get("/v1/kbs"))["data"] == before  # nothing made, nothing deleted
         assert alpha.delete(f"/v1/kbs/{target['id']}").status_code == 204  # without an Origin
 
 

@@ -4,7 +4,6 @@ asks for."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from rag_stream.settings import Settings, load_settings
 from rag_stream.store import repositories as repo
 from rag_stream.store.db import upgrade
 from rag_stream.store.models import KnowledgeBase
+from tests.support.waiting import eventually
 
 DIM = 8
 
@@ -56,8 +56,11 @@ async def test_edge_indexes_after_enough_writes_and_when_idle(tmp_path: Path) ->
         assert after[0].chunk_id in {p.chunk_id for p in points}
         await store.delete_chunks([p.chunk_id for p in points[:10]])
         assert store.unindexed == 10
-        await asyncio.sleep(1.0)  # writes paused: the idle optimize ran
-        assert store.unindexed == 0
+
+        async def indexed() -> bool:
+            return store.unindexed == 0
+
+        await eventually(indexed, "the optimize once writes paused for 0.2 s")
         assert await store.count("kb") == 50
     finally:
         await store.close()

@@ -99,7 +99,9 @@ async def test_a_plan_from_another_version_ends_the_stream_with_a_clear_error() 
     log = MemoryEventLog()
     crashing, kind = toy_streams(log, engine, lease_ms=500)
     sid = await crashing.start(kind, kind.accept([1], 1000))
-    await asyncio.sleep(0.05)
+    async for event in crashing.follow(sid):
+        if isinstance(event, Token):
+            break  # it is generating: interrupted mid-stream
     await crashing.close()
     await log.set_plan(sid, '{"prompt_ids": [1], "max_tokens": 1000, "renamed_field": 1}')
     survivor, _ = toy_streams(log, engine, lease_ms=500)
@@ -123,10 +125,13 @@ async def test_close_ends_the_sweeper_even_when_a_redis_call_swallows_the_cancel
     """A cancel landing inside a Redis call can come out of it as a connection error, which
     the sweeper survives by design; close() waited for it for ever (a hung CI run)."""
 
+    inside = asyncio.Event()
+
     class Swallowing(MemoryEventLog):
         swallowed = 0
 
         async def announce(self, owner: str) -> None:
+            inside.set()
             try:
                 await asyncio.sleep(0.5)
             except asyncio.CancelledError:
@@ -135,7 +140,9 @@ async def test_close_ends_the_sweeper_even_when_a_redis_call_swallows_the_cancel
                 self.swallowed += 1
                 raise RedisError("Connection closed by server.") from None
 
-    streams, _ = toy_streams(Swallowing(), stub_engine(), sweep_interval_s=0.001)
+    log = Swallowing()
+    streams, _ = toy_streams(log, stub_engine(), sweep_interval_s=0.001)
     streams.start_sweeper()
-    await asyncio.sleep(0.1)  # inside announce
+    await asyncio.wait_for(inside.wait(), 5)  # the sweeper is inside announce
     await asyncio.wait_for(streams.close(), 5)
+    assert log.swallowed == 1  # the cancel did land inside the call, and was swallowed
