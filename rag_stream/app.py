@@ -305,12 +305,12 @@ def create_app(
 def _kv_stats_client(settings: Settings, service_redis: Redis) -> Redis | None:
     """Where /metrics reads the KV connector's counters: the service's Redis, or one client to
     the connector's own Redis, made once (not per scrape)."""
-    kv = settings.kv
-    if not kv.enabled:
+    url = settings.resolved_kv_redis_url
+    if not settings.kv.enabled or url is None:
         return None
-    if kv.redis_url is None or kv.redis_url == settings.redis_url:
+    if url == settings.redis_url:
         return service_redis
-    return Redis.from_url(kv.redis_url, socket_connect_timeout=3)
+    return Redis.from_url(url, socket_connect_timeout=3)
 
 
 def app_from_environment() -> FastAPI:
