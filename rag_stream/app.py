@@ -23,13 +23,10 @@ from redis.asyncio import Redis
 from starlette.types import Receive, Scope, Send
 
 from rag_stream.api import (
-    answers,
     chat,
     conversations,
     documents,
-    generate,
     health,
-    jobs,
     kbs,
     search,
     streams,
@@ -46,11 +43,10 @@ from rag_stream.generation.engine import Engine
 from rag_stream.generation.slot import EngineSlot
 from rag_stream.ingest.sample_kb import start_sample_kb
 from rag_stream.ingest.service import Ingestor
+from rag_stream.kinds.base import KindDeps, KindSet
+from rag_stream.kinds.registry import KINDS
 from rag_stream.malloc_arenas import limit_malloc_arenas
 from rag_stream.metrics import Metrics
-from rag_stream.pipeline.answer import AnswerKind
-from rag_stream.pipeline.generate import GenerateKind
-from rag_stream.pipeline.job import JobKind
 from rag_stream.resources import Resources
 from rag_stream.retrieval.embedder import Embedder, load_embedder
 from rag_stream.retrieval.retriever import Retriever
@@ -190,11 +186,8 @@ def create_app(
             if settings.streaming.checkpoint
             else MemoryEventLog()
         )
-        generation = GenerateKind(engines, sessions, metrics, settings.limits)
-        answers = AnswerKind(
-            engines, sessions, retriever, metrics, settings.answers, settings.limits
-        )
-        jobs_kind = JobKind(engines, sessions, retriever, metrics, settings.jobs, settings.limits)
+        deps = KindDeps(engines, sessions, retriever, metrics, settings)
+        kinds = KindSet([registered.build(deps) for registered in KINDS])
         limits = settings.limits
         quotas = Quotas(
             redis.client,
@@ -204,7 +197,15 @@ def create_app(
             on_reject=lambda reason: metrics.rejected.labels(reason).inc(),
         )
         stack.push_async_callback(quotas.close)  # after the streams, which give places back
-        streams = Streams(event_log, settings.streaming, [generation, answers, jobs_kind])
+        admission = Admission(
+            limits.max_active_streams,
+            limits.max_queued,
+            limits.retry_after_s,
+            on_reject=lambda reason: metrics.rejected.labels(reason).inc(),
+            quotas=quotas,
+            max_active_batch=limits.max_active_batch,
+        )
+        streams = Streams(event_log, settings.streaming, list(kinds), admission)
         stack.push_async_callback(streams.close)  # before the engine closes
         metrics.active_streams.set_function(lambda: streams.active)
         keys = KeyRing(sessions, settings.security.require_keys or not is_loopback(settings.host))
@@ -231,18 +232,8 @@ def create_app(
             ingestor=ingestor,
             engines=engines,
             streams=streams,
-            answers=answers,
-            generation=generation,
-            jobs=jobs_kind,
+            kinds=kinds,
             coalescing=CoalescePolicy(settings.streaming, rtt_source),
-            admission=Admission(
-                limits.max_active_streams,
-                limits.max_queued,
-                limits.retry_after_s,
-                on_reject=lambda reason: metrics.rejected.labels(reason).inc(),
-                quotas=quotas,
-                max_active_batch=limits.max_active_batch,
-            ),
             keys=keys,
             quotas=quotas,
         )
@@ -289,19 +280,18 @@ def create_app(
     for module in (
         health,
         chat,
-        generate,
         streams,
-        answers,
         conversations,
         metrics_api,
         kbs,
         documents,
         search,
         usage,
-        jobs,
-        web,  # the chat page at /
     ):
         app.include_router(module.router)
+    for registered in KINDS:
+        app.include_router(registered.router)
+    app.include_router(web.router)  # the chat page at /, last
     if settings.security.docs == "key":
 
         @app.get("/openapi.json", include_in_schema=False)
@@ -315,12 +305,12 @@ def create_app(
 def _kv_stats_client(settings: Settings, service_redis: Redis) -> Redis | None:
     """Where /metrics reads the KV connector's counters: the service's Redis, or one client to
     the connector's own Redis, made once (not per scrape)."""
-    kv = settings.kv
-    if not kv.enabled:
+    url = settings.resolved_kv_redis_url
+    if not settings.kv.enabled or url is None:
         return None
-    if kv.redis_url is None or kv.redis_url == settings.redis_url:
+    if url == settings.redis_url:
         return service_redis
-    return Redis.from_url(kv.redis_url, socket_connect_timeout=3)
+    return Redis.from_url(url, socket_connect_timeout=3)
 
 
 def app_from_environment() -> FastAPI:

@@ -9,8 +9,12 @@ event as one JSON line instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import signal
 import sys
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any, TextIO
 
 import httpx
@@ -121,14 +125,19 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if args.max_tokens is not None:
         options["max_tokens"] = args.max_tokens
     printer = _Printer(sys.stdout)
-    with Client(args.url, api_key=args.api_key, on_reconnect=printer.reconnecting) as client:
+    interrupts = _Interrupts()
+    with (
+        Client(args.url, api_key=args.api_key, on_reconnect=printer.reconnecting) as client,
+        interrupts.installed(),
+    ):
         stream = client.ask(args.kb, args.question, **options)
         try:
             for event in stream:
-                if args.json:
-                    print(event.model_dump_json(), flush=True)
-                else:
-                    printer.show(event)
+                with interrupts.deferred():
+                    if args.json:
+                        print(event.model_dump_json(), flush=True)
+                    else:
+                        printer.show(event)
                 if isinstance(event, ErrorEvent):
                     print(f"rag-stream ask: {event.code}: {event.message}", file=sys.stderr)
                     return 1
@@ -139,6 +148,40 @@ def cmd_ask(args: argparse.Namespace) -> int:
             print(f"rag-stream ask: {exc.message} ({exc.code})", file=sys.stderr)
             return 1
     return 0
+
+
+class _Interrupts:
+    """Ctrl-C while an event is being printed takes effect once it is printed: raised inside
+    pydantic's serializer, a KeyboardInterrupt comes out as a serialization error instead."""
+
+    def __init__(self) -> None:
+        self._deferring = False
+        self._pending = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._deferring:
+            self._pending = True
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = signal.signal(signal.SIGINT, self._handle)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self._pending:
+            self._pending = False
+            raise KeyboardInterrupt
 
 
 def _cancel(client: Client, stream_id: str | None) -> int:

@@ -139,7 +139,7 @@ def verify_llm(settings: Settings, path: Path) -> str:
 
 async def _answer(engine: Engine) -> str:
     from rag_stream.generation.engine import Sampling
-    from rag_stream.pipeline.tokens import TokenRun, run_tokens
+    from rag_stream.kinds.tokens import TokenRun, run_tokens
 
     prompt = engine.chat_prompt([{"role": "user", "content": VERIFY_QUESTION}])
     ids = engine.tokenizer.encode(prompt, add_special_tokens=False)

@@ -11,16 +11,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from rag_stream.generation.engine import Engine
 from rag_stream.generation.slot import EngineSlot
 from rag_stream.ingest.service import Ingestor
+from rag_stream.kinds.base import KindSet
 from rag_stream.metrics import Metrics
-from rag_stream.pipeline.answer import AnswerKind
-from rag_stream.pipeline.generate import GenerateKind
-from rag_stream.pipeline.job import JobKind
 from rag_stream.retrieval.embedder import Embedder
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import VectorStore
 from rag_stream.settings import Settings
 from rag_stream.store.keys import KeyRing
-from rag_stream.streaming.admission import Admission
 from rag_stream.streaming.coalesce import CoalescePolicy
 from rag_stream.streaming.quotas import Quotas
 from rag_stream.streaming.redis_conn import RedisHandle
@@ -40,12 +37,9 @@ class Resources:
     retriever: Retriever
     ingestor: Ingestor
     engines: EngineSlot
-    streams: Streams
-    answers: AnswerKind
-    generation: GenerateKind
-    jobs: JobKind  # long-document generation jobs
+    streams: Streams  # the front door of every stream (admission, start), and its readers
+    kinds: KindSet  # the running kinds (rag_stream/kinds/registry.py), found by class
     coalescing: CoalescePolicy  # tokens per event, per request
-    admission: Admission  # how many streams generate and wait here; 429 beyond
     keys: KeyRing  # who is calling (api/deps.py get_caller)
     quotas: Quotas  # per-tenant and per-key limits, across processes (Redis)
 

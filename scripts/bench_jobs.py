@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rag_stream.generation.engine import Sampling  # noqa: E402
-from rag_stream.pipeline.job_prompt import fit_section  # noqa: E402
+from rag_stream.kinds.job.prompt import fit_section  # noqa: E402
 from rag_stream.retrieval.retriever import SearchHit  # noqa: E402
 from rag_stream.schemas.jobs import JobSpec  # noqa: E402
 from rag_stream.settings import load_settings  # noqa: E402

@@ -21,9 +21,11 @@ from rag_stream.api.chat_format import chat_completion, chat_frames
 from rag_stream.api.deps import ResourcesDep, TenantDep
 from rag_stream.errors import ModelNotFound, NotFound
 from rag_stream.generation.engine import Sampling
-from rag_stream.generation.prompt import Turn
 from rag_stream.generation.sampling import sampling_for
-from rag_stream.pipeline.answer import Question
+from rag_stream.kinds.answer.intent import question_from_chat
+from rag_stream.kinds.answer.kind import AnswerKind
+from rag_stream.kinds.generate.intent import prompt_from_chat
+from rag_stream.kinds.generate.kind import GenerateKind
 from rag_stream.resources import Resources
 from rag_stream.schemas.generate import Coalesce
 from rag_stream.schemas.openai import (
@@ -100,28 +102,7 @@ async def chat_completions(
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
     base = str(resources.settings.public_url or request.base_url).rstrip("/")
     wire = ChatWire(model=body.model, kb=kb, chunk_url_base=base, include_usage=body.include_usage)
-    async with resources.admission.ticket(body.priority, tenant) as ticket:
-        if kb is None:
-            kind = resources.generation
-            messages = [
-                {"role": "system" if m.role == "developer" else m.role, "content": m.text}
-                for m in body.messages
-            ]
-            run = kind.accept_chat(messages, sampling, coalesce, body.stops, body.priority, tenant)
-            ticket.priority = run.priority  # a long prompt waits as batch
-            stream_id = await streams.start(kind, run, wire.model_dump_json(), ticket, tenant)
-        else:
-            answers = resources.answers
-            try:  # the KB is the only thing a question names that may not exist
-                arun = await answers.ask(_question(body, kb, tenant, sampling, coalesce))
-            except NotFound:
-                raise ModelNotFound(
-                    f"The model {body.model!r} does not exist: there is no knowledge base "
-                    f"{kb!r} (GET /v1/models lists the models)",
-                    param="model",
-                ) from None
-            ticket.priority = arun.priority
-            stream_id = await streams.start(answers, arun, wire.model_dump_json(), ticket, tenant)
+    stream_id = await _launch(resources, body, kb, sampling, coalesce, wire, tenant)
     headers = {"X-Stream-Id": stream_id}
     if body.stream:
         return sse_response(
@@ -133,25 +114,41 @@ async def chat_completions(
     return JSONResponse(completion.model_dump(), headers=headers)
 
 
-def _question(
-    body: ChatCompletionRequest, kb: str, tenant: str, sampling: Sampling, coalesce: Coalesce
-) -> Question:
-    *earlier, last = body.messages
-    instructions = "\n\n".join(
-        m.text for m in earlier if m.role in ("system", "developer") and m.text.strip()
-    )
-    history = [Turn(m.role, m.text) for m in earlier if m.role in ("user", "assistant") and m.text]
-    return Question(
-        kb=kb,
-        tenant=tenant,
-        text=last.text,
-        history=history,
-        sampling=sampling,
-        coalesce=coalesce,
-        top_k=body.top_k,
-        mmr=body.mmr,
-        mode=body.mode,
-        instructions=instructions or None,
-        stop=body.stops,
-        priority=body.priority,
-    )
+async def _launch(
+    resources: Resources,
+    body: ChatCompletionRequest,
+    kb: str | None,
+    sampling: Sampling,
+    coalesce: Coalesce,
+    wire: ChatWire,
+    tenant: str,
+) -> str:
+    """A ``generate`` stream of the chat (the engine's model), or an ``answer`` stream on
+    ``kb``; either remembers its wire, so a resume renders it as chat chunks again."""
+    streams, kinds = resources.streams, resources.kinds
+    if kb is None:
+        prompt = prompt_from_chat(body, sampling, coalesce)
+        launched = await streams.launch(
+            kinds.get(GenerateKind),
+            prompt,
+            tenant=tenant,
+            priority=body.priority,
+            wire=wire.model_dump_json(),
+        )
+        return launched.stream_id
+    question = question_from_chat(body, kb, sampling, coalesce)
+    try:  # the KB is the only thing a question names that may not exist
+        answered = await streams.launch(
+            kinds.get(AnswerKind),
+            question,
+            tenant=tenant,
+            priority=body.priority,
+            wire=wire.model_dump_json(),
+        )
+    except NotFound:
+        raise ModelNotFound(
+            f"The model {body.model!r} does not exist: there is no knowledge base "
+            f"{kb!r} (GET /v1/models lists the models)",
+            param="model",
+        ) from None
+    return answered.stream_id

@@ -21,13 +21,13 @@ annotation offsets count the whole answer) and shows only those after the client
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from urllib.parse import quote
 
 from pydantic import ValidationError
 
 from rag_stream.errors import IncompatiblePlan
+from rag_stream.kinds.markers import markers
 from rag_stream.schemas.events import (
     Citation,
     CitationBody,
@@ -52,7 +52,6 @@ from rag_stream.schemas.openai import (
 )
 from rag_stream.streaming.collect import Collected
 
-_MARKER = re.compile(r"\[(\d{1,3})\]")
 DONE_FRAME = b"data: [DONE]\n\n"
 
 
@@ -74,7 +73,7 @@ def url_citations(wire: ChatWire, text: str, citations: Sequence[CitationBody]) 
     """One url_citation per ``[n]`` marker of a known source, at the marker's offsets."""
     by_n = {c.n: c for c in citations}
     found = []
-    for match in _MARKER.finditer(text):
+    for match in markers(text):
         cited = by_n.get(int(match.group(1)))
         if cited is None:
             continue

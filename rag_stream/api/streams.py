@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
@@ -10,8 +9,8 @@ from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 
 from rag_stream.api.chat_format import chat_frames, chat_wire
+from rag_stream.api.cursor import resume_cursor
 from rag_stream.api.deps import SettingsDep, StreamsDep, TenantDep
-from rag_stream.errors import InvalidRequest
 from rag_stream.schemas.streams import (
     EVENT_ID_MAX,
     SSE_RESPONSES,
@@ -22,30 +21,6 @@ from rag_stream.streaming.event_log import StreamMeta
 from rag_stream.streaming.sse import event_stream_response, sse_response
 
 router = APIRouter(tags=["streams"])
-
-# ASCII digits only: int() would also take "1_0", "+1" and other scripts' digits.
-_EVENT_ID = re.compile(r"-?[0-9]+")
-
-
-def _cursor(header: str | None, query: int | None) -> int:
-    """Where a reader resumes: the query parameter (bounded by its declaration) wins over the
-    header; -1 replays from the start."""
-    if query is not None:
-        return query
-    raw = (header or "").strip()
-    if not raw:
-        return -1  # absent, or sent empty: browsers send none before their first event
-    shown = raw if len(raw) <= 40 else raw[:40] + "..."
-    if not _EVENT_ID.fullmatch(raw):
-        raise InvalidRequest(f"Last-Event-ID must be an integer event id, got {shown!r}")
-    if raw.startswith("-"):
-        raise InvalidRequest(
-            f"Last-Event-ID must be >= 0 (omit it to replay from the start), got {shown}"
-        )
-    # compare lengths first: int() refuses strings of thousands of digits
-    if len(raw.lstrip("0")) > len(str(EVENT_ID_MAX)) or int(raw) > EVENT_ID_MAX:
-        raise InvalidRequest(f"Last-Event-ID must be at most {EVENT_ID_MAX}, got {shown}")
-    return int(raw)
 
 
 def _status(meta: StreamMeta) -> StreamStatus:
@@ -76,7 +51,7 @@ async def stream_events(
         Header(
             alias="Last-Event-ID",
             description="resume after this event id; empty or absent: from the start",
-            # documented only: _cursor checks it, with messages that say what is wrong
+            # documented only: resume_cursor checks it, with messages that say what is wrong
             json_schema_extra={"pattern": r"^\s*[0-9]*\s*$"},
         ),
     ] = None,
@@ -87,7 +62,7 @@ async def stream_events(
         ),
     ] = None,
 ) -> Response:
-    cursor = _cursor(last_event_id_header, last_event_id)
+    cursor = resume_cursor(last_event_id_header, last_event_id)
     meta = await streams.check_cursor(stream_id, cursor, tenant=tenant)
     if meta.wire is None:
         events = streams.follow_batches(stream_id, cursor)

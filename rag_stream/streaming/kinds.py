@@ -1,12 +1,16 @@
-"""What the streaming layer asks of a kind of stream (answers, generation, ...).
+"""What the streaming layer asks of a kind of stream (answers, generation, jobs, ...).
 
-Each kind is one module in ``rag_stream.pipeline`` with one ``StreamKind`` object, registered
-once at start-up. The streaming layer runs its producers and never knows a kind by name: the
-name only travels through the log so that a takeover finds the same kind again.
+Each kind is one folder in ``rag_stream.kinds`` with one ``StreamKind`` object, registered
+once at start-up (``rag_stream/kinds/registry.py``). The streaming layer runs its producers and
+never knows a kind by name: the name only travels through the log so that a takeover finds the
+same kind again.
 
-- A ``Producer`` is one run of one stream in this process: the first run, built by the kind from
-  a request, or a continuation after a takeover, built from the plan the first run saved and
-  the events already in the log.
+- ``accept`` turns the kind's intent (a typed request, already translated from whichever wire
+  asked) into the first ``Producer``; ``Streams.launch`` calls it once admission let the request
+  in, and nothing else starts a stream.
+- A ``Producer`` is one run of one stream in this process: the first run, built by ``accept``,
+  or a continuation after a takeover, built from the plan the first run saved and the events
+  already in the log.
 - ``run`` writes events through the context and returns the finish reason; ``finish`` then
   persists the result and builds the terminal ``done`` event (also after a cancel).
   ``log_lost`` is called instead when the stream ends because its log lost events.
@@ -15,19 +19,36 @@ name only travels through the log so that a takeover finds the same kind again.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rag_stream.errors import IncompatiblePlan
 from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason
+from rag_stream.streaming.admission import Priority
 from rag_stream.streaming.context import StreamContext
 from rag_stream.streaming.event_log import StreamMeta
+
+IntentT = TypeVar("IntentT", contravariant=True)
+ProducerT = TypeVar("ProducerT", bound="Producer")
 
 
 class Producer(Protocol):
     @property
     def model(self) -> str: ...
+
+    @property
+    def priority(self) -> Priority:
+        """The class it waits in for a generation slot: what the request asked, or ``batch``
+        for a long prompt (a continuation keeps its first run's; it takes no ticket)."""
+        ...
+
+    @property
+    def initial_plan(self) -> BaseModel | None:
+        """A plan to save as soon as the stream exists (before its turn to generate comes),
+        for a kind whose stream must be continuable even if this process dies while it
+        waits; None for a kind whose first run saves its plan itself."""
+        ...
 
     @property
     def conversation_id(self) -> str | None: ...
@@ -48,7 +69,11 @@ class Producer(Protocol):
 
 
 class StreamKind(Protocol):
-    name: str
+    """What a takeover needs of a kind: whether this process can continue one of its streams,
+    and the producer that does."""
+
+    @property
+    def name(self) -> str: ...
 
     async def can_continue(self, meta: StreamMeta) -> bool:
         """Whether this process can continue the stream (e.g. it runs the same model)."""
@@ -56,6 +81,27 @@ class StreamKind(Protocol):
 
     def continuation(self, plan_json: str, logged: Sequence[Event]) -> Producer:
         """A producer that continues after ``logged``, the events already in the log."""
+        ...
+
+
+class LaunchableKind(StreamKind, Protocol[IntentT, ProducerT]):
+    """What ``Streams.launch`` needs of a kind to start one of its streams from an intent."""
+
+    @property
+    def detached(self) -> bool:
+        """Whether its streams run to their end with no reader (never abandoned)."""
+        ...
+
+    async def accept(self, intent: IntentT, tenant: str) -> ProducerT:
+        """Check the intent against the limits and plan its first run."""
+        ...
+
+    async def started(self, stream_id: str, producer: ProducerT) -> None:
+        """The stream exists and its producer runs (e.g. link it to the kind's own record)."""
+        ...
+
+    async def not_started(self, producer: ProducerT, error: Exception) -> None:
+        """Accepted, but the stream could not be created (the log refused it)."""
         ...
 
 

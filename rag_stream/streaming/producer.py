@@ -87,6 +87,8 @@ class Producers:
             detached=detached,
         )
         await self.event_log.create(sid, first, new, self.owner, self.cfg.lease_ms)
+        if (plan := producer.initial_plan) is not None:
+            await self.event_log.set_plan(sid, plan.model_dump_json())
         self.spawn(sid, new, [first], lambda: producer, ticket=ticket)
         return sid
 

@@ -1,25 +1,34 @@
-"""Streams: the one object routes use to start, follow, inspect and cancel streams.
+"""Streams: the one object routes and kinds use to start, follow, inspect and cancel streams.
 
-It composes the parts, each in its own module: ``Producers`` run this process's producers,
-``Takeover`` continues streams whose process died (and sweeps orphans), ``Readers`` follow a
-log from a cursor. Any process sharing the Redis log can serve any of these for any stream.
+``launch`` is the only way a stream starts: admission (a ticket, or a 429 before any work), the
+kind's ``accept``, the priority the accepted run waits in, the stream's creation and its first
+producer, in that order, for every kind. It composes the parts, each in its own module:
+``Admission`` bounds what this process runs, ``Producers`` run its producers, ``Takeover``
+continues streams whose process died (and sweeps orphans), ``Readers`` follow a log from a
+cursor. Any process sharing the Redis log can serve any of these for any stream.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Generic
 
 from redis.exceptions import RedisError
 
 from rag_stream.errors import EventLogUnavailable, InvalidRequest, NotFound
 from rag_stream.schemas.events import Event
-from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.settings import StreamingSettings
-from rag_stream.streaming.admission import Ticket
+from rag_stream.streaming.admission import Admission, Priority
 from rag_stream.streaming.event_log import EventLog, StreamMeta
 from rag_stream.streaming.feeds import Feeds
-from rag_stream.streaming.kinds import KindRegistry, Producer, StreamKind
+from rag_stream.streaming.kinds import (
+    IntentT,
+    KindRegistry,
+    LaunchableKind,
+    ProducerT,
+    StreamKind,
+)
 from rag_stream.streaming.producer import Producers
 from rag_stream.streaming.reader import Readers
 from rag_stream.streaming.takeover import Takeover
@@ -32,11 +41,22 @@ class CancelOutcome:
     message: str
 
 
+@dataclass(frozen=True)
+class Launched(Generic[ProducerT]):
+    stream_id: str
+    producer: ProducerT  # the first run, as the kind accepted it (e.g. a job's id is in it)
+
+
 class Streams:
     def __init__(
-        self, event_log: EventLog, cfg: StreamingSettings, kinds: Sequence[StreamKind]
+        self,
+        event_log: EventLog,
+        cfg: StreamingSettings,
+        kinds: Sequence[StreamKind],
+        admission: Admission,
     ) -> None:
         self.event_log = event_log
+        self.admission = admission
         self.feeds = Feeds(event_log, cfg.tail_block_ms)
         self.producers = Producers(event_log, cfg, self.feeds)
         self.takeover = Takeover(self.producers, KindRegistry(kinds), cfg.sweep_interval_s)
@@ -54,21 +74,32 @@ class Streams:
         await self.producers.close()
         await self.feeds.close()
 
-    async def start(
+    async def launch(
         self,
-        kind: StreamKind,
-        producer: Producer,
+        kind: LaunchableKind[IntentT, ProducerT],
+        intent: IntentT,
+        *,
+        tenant: str,
+        priority: Priority,
         wire: str | None = None,
-        ticket: Ticket | None = None,
-        tenant: str = LOCAL_TENANT,
-        detached: bool = False,
-    ) -> str:
-        """Create a stream of ``kind`` and run ``producer`` (its first run); return its id.
-        ``wire`` (opaque here) tells a later resume how the API renders the stream; the
-        ``ticket`` (from ``Admission``) is its place in this process's generation queue; only
-        ``tenant`` may read, resume or cancel it; a ``detached`` stream runs to its end with no
-        reader (never abandoned)."""
-        return await self.producers.start(kind, producer, wire, ticket, tenant, detached)
+    ) -> Launched[ProducerT]:
+        """Start a stream of ``kind`` for ``intent``: a ticket first (429 before any work when
+        this process, or the tenant, is full), then ``kind.accept``, then the stream waits for a
+        generation slot in the class its accepted run needs (a long prompt: ``batch``).
+        ``wire`` (opaque here) tells a later resume how the API renders the stream; only
+        ``tenant`` may read, resume or cancel it."""
+        async with self.admission.ticket(priority, tenant) as ticket:
+            producer = await kind.accept(intent, tenant)
+            ticket.priority = producer.priority
+            try:
+                sid = await self.producers.start(
+                    kind, producer, wire, ticket, tenant, detached=kind.detached
+                )
+            except Exception as exc:
+                await kind.not_started(producer, exc)
+                raise
+        await kind.started(sid, producer)
+        return Launched(sid, producer)
 
     def follow(self, sid: str, after: int = -1) -> AsyncIterator[Event]:
         return self.readers.follow(sid, after)
@@ -86,6 +117,15 @@ class Streams:
         if meta is None or meta.tenant != tenant:
             raise NotFound(f"stream {sid!r} not found (unknown, or expired after retention)")
         return meta
+
+    async def last_event(self, sid: str, *, tenant: str) -> Event | None:
+        """The stream's last logged event (its terminal one, once it ended)."""
+        meta = await self.status(sid, tenant=tenant)
+        try:
+            events = await self.event_log.read(sid, meta.last_event_id - 1, None)
+        except RedisError as exc:
+            raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
+        return events[-1] if events else None
 
     async def check_cursor(self, sid: str, cursor: int, *, tenant: str) -> StreamMeta:
         """The stream's meta, once a reader's cursor (-1: from the start) is checked against

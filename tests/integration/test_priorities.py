@@ -25,8 +25,10 @@ import pytest
 
 from rag_stream.generation.slot import EngineSlot
 from rag_stream.generation.vllm_engine import VLLMEngine
+from rag_stream.kinds.base import KindDeps
+from rag_stream.kinds.generate.intent import prompt_from_request
+from rag_stream.kinds.generate.kind import GenerateKind
 from rag_stream.metrics import Metrics
-from rag_stream.pipeline.generate import GenerateKind
 from rag_stream.schemas.generate import Coalesce, GenerateRequest
 from rag_stream.settings import load_settings
 
@@ -56,9 +58,8 @@ async def _first_tokens(engine: VLLMEngine, kind: GenerateKind) -> dict[str, flo
     running = asyncio.Event()
 
     async def one(name: str, asked: Literal["interactive", "batch"], prompt: str, n: int) -> None:
-        run = kind.accept(
-            GenerateRequest(prompt=prompt, max_tokens=n, priority=asked), Coalesce(), "local"
-        )
+        request = GenerateRequest(prompt=prompt, max_tokens=n, priority=asked)
+        run = await kind.accept(prompt_from_request(request, kind.limits, Coalesce()), "local")
         # random weights may end early at EOS: lengths are fixed so the queue really forms
         sampling = replace(run.plan.sampling(), ignore_eos=True)
         async for step in engine.generate(f"prio-{name}", run.plan.prompt_ids, sampling):
@@ -79,8 +80,8 @@ async def _scenario(started: asyncio.Task[VLLMEngine]) -> list[str]:
     engine = await started
     slot = EngineSlot()
     slot.set(engine)
-    limits = load_settings(limits={"long_prompt_tokens": LONG_PROMPT}).limits
-    kind = GenerateKind(slot, None, Metrics(), limits)  # type: ignore[arg-type]
+    settings = load_settings(limits={"long_prompt_tokens": LONG_PROMPT})
+    kind = GenerateKind(KindDeps(slot, None, None, Metrics(), settings))  # type: ignore[arg-type]
     first = await _first_tokens(engine, kind)
     return sorted(first, key=first.__getitem__)
 

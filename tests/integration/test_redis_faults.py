@@ -16,10 +16,11 @@ import pytest
 from httpx_sse import aconnect_sse
 from redis.asyncio import Redis as AsyncRedis
 
+from rag_stream.generation.engine import Sampling
 from rag_stream.streaming.redis_log import RedisEventLog
 from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
 from tests.support import inprocess
-from tests.support.fakes import stub_engine, toy_streams
+from tests.support.fakes import start_toy, stub_engine, toy_streams
 from tests.support.inprocess import InProcessFactory
 from tests.support.redis_server import RedisServer
 from tests.support.server import ServerProcess
@@ -189,7 +190,7 @@ async def test_a_producer_replaced_while_alive_never_writes_again() -> None:
     first, kind = toy_streams(log, engine, lease_ms=60_000)
     second, _ = toy_streams(log, engine, lease_ms=60_000)
     await first.producers.announce()
-    sid = await first.start(kind, kind.accept([5, 6, 7], 600))
+    sid = await start_toy(first, kind, [5, 6, 7], 600)
     seen = 0
     async for _ in first.follow(sid):
         seen += 1
@@ -203,7 +204,7 @@ async def test_a_producer_replaced_while_alive_never_writes_again() -> None:
     ids = check_one_stream(events, 600)
     reference = [
         t
-        async for s in engine.generate("ref", [5, 6, 7], kind.accept([], 600).plan.sampling())
+        async for s in engine.generate("ref", [5, 6, 7], Sampling(max_tokens=600))
         for t in s.token_ids
     ]
     assert ids == reference

@@ -18,9 +18,11 @@ import httpx
 import pytest
 
 from rag_stream.errors import StartInterrupted
-from rag_stream.pipeline.answer import AnswerKind
-from rag_stream.pipeline.answer_plans import QuestionPlan
+from rag_stream.kinds.answer.kind import AnswerKind
+from rag_stream.kinds.answer.plans import QuestionPlan
+from rag_stream.kinds.base import KindDeps
 from rag_stream.schemas.events import Citation, StreamStarted
+from rag_stream.settings import load_settings
 from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
 from tests.support import inprocess
 from tests.support.inprocess import InProcess, InProcessFactory
@@ -105,7 +107,7 @@ def test_a_takeover_after_some_citations_went_out_does_not_search_again() -> Non
         mmr=False,
         mode="hybrid",
     )
-    kind = AnswerKind(None, None, None, None, None, None)  # type: ignore[arg-type]
+    kind = AnswerKind(KindDeps(None, None, None, None, load_settings()))  # type: ignore[arg-type]
     logged = [
         StreamStarted(id=0, stream_id="s", model="m", created=0.0),
         Citation(

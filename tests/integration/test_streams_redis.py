@@ -11,12 +11,14 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from rag_stream.generation.engine import Sampling
 from rag_stream.schemas.events import Done, Token
+from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.streaming.event_log import EventLog
 from rag_stream.streaming.memory_log import MemoryEventLog
 from rag_stream.streaming.redis_log import RedisEventLog
 from tests.conftest import REDIS_URL
-from tests.support.fakes import ByteTokenizer, stub_engine, toy_streams
+from tests.support.fakes import ByteTokenizer, ToyIntent, start_toy, stub_engine, toy_streams
 from tests.unit.test_streams import check_one_stream
 
 
@@ -38,7 +40,7 @@ async def redis_log() -> AsyncIterator[CountingLog]:
 async def test_appends_are_batched(redis_log: CountingLog) -> None:
     engine = stub_engine()
     streams, kind = toy_streams(redis_log, engine, flush_interval_ms=5, flush_max_events=32)
-    sid = await streams.start(kind, kind.accept(list(b"hello"), 400))
+    sid = await start_toy(streams, kind, list(b"hello"), 400)
     check_one_stream([e async for e in streams.follow(sid)], 400)
     assert redis_log.appends < 400 / 8, redis_log.appends
     await streams.close()
@@ -51,7 +53,7 @@ async def test_same_events_with_and_without_checkpointing(
     engine = stub_engine()
     log: EventLog = redis_log if where == "redis" else MemoryEventLog()
     streams, kind = toy_streams(log, engine)
-    sid = await streams.start(kind, kind.accept(list(b"hello"), 60))
+    sid = await start_toy(streams, kind, list(b"hello"), 60)
     events = [e async for e in streams.follow(sid)]
     ids = check_one_stream(events, 60)
     tokens = [e for e in events if isinstance(e, Token)]
@@ -65,7 +67,7 @@ async def test_same_events_with_and_without_checkpointing(
 async def test_takeover_on_redis_continues_without_gap_or_repeat(redis_log: CountingLog) -> None:
     engine = stub_engine(delay_s=0.002)
     crashing, kind = toy_streams(redis_log, engine, lease_ms=500)
-    sid = await crashing.start(kind, kind.accept([7, 8, 9], 300))
+    sid = await start_toy(crashing, kind, [7, 8, 9], 300)
     seen = 0
     async for _ in crashing.follow(sid):
         seen += 1
@@ -79,7 +81,7 @@ async def test_takeover_on_redis_continues_without_gap_or_repeat(redis_log: Coun
     ids = check_one_stream(events, 300)
     reference = [
         t
-        async for s in engine.generate("ref", [7, 8, 9], kind.accept([], 300).plan.sampling())
+        async for s in engine.generate("ref", [7, 8, 9], Sampling(max_tokens=300))
         for t in s.token_ids
     ]
     assert ids == reference
@@ -94,7 +96,7 @@ async def test_a_running_stream_whose_meta_expired_leaves_the_running_list(
     for ever, a lookup by every sweeper every few seconds, and the list's key never went."""
     engine = stub_engine(delay_s=0.002)
     crashing, kind = toy_streams(redis_log, engine, lease_ms=500)
-    sid = await crashing.start(kind, kind.accept([7, 8, 9], 300))
+    sid = await start_toy(crashing, kind, [7, 8, 9], 300)
     async for event in crashing.follow(sid):  # in the log, so listed as running (CI once
         if event.id == 5:  # closed it before its first append: the list was empty)
             break
@@ -127,7 +129,7 @@ async def test_a_reader_or_a_cancel_never_brings_back_a_stream_whose_meta_expire
     looked running). They write only to a meta that exists."""
     engine = stub_engine()
     streams, kind = toy_streams(redis_log, engine)
-    sid = await streams.start(kind, kind.accept(list(b"hello"), 20))
+    sid = await start_toy(streams, kind, list(b"hello"), 20)
     assert len([e async for e in streams.follow(sid)]) > 1
     await streams.close()
     client = Redis.from_url(REDIS_URL)
@@ -192,7 +194,7 @@ async def test_a_plan_save_during_a_redis_blip_is_retried() -> None:
     log = FlakyPlans(client, prefix=f"rs-unit-{uuid.uuid4().hex[:8]}", failures=2)
     streams, kind = toy_streams(log, stub_engine(), redis_retries=3)
     try:
-        sid = await streams.start(kind, kind.accept(list(b"blip"), 50))
+        sid = await start_toy(streams, kind, list(b"blip"), 50)
         events = [e async for e in streams.follow(sid)]
         check_one_stream(events, 50)
         assert isinstance(events[-1], Done) and log.tries == 3
@@ -214,8 +216,10 @@ async def test_a_plan_redis_never_takes_leaves_the_stream_to_a_takeover() -> Non
     engine = stub_engine(delay_s=0.002)
     first, kind = toy_streams(log, engine, lease_ms=500, redis_retries=1)
     try:
-        run = kind.accept([7, 8, 9], 200)
-        sid = await first.start(kind, run)
+        launched = await first.launch(
+            kind, ToyIntent([7, 8, 9], 200), tenant=LOCAL_TENANT, priority="interactive"
+        )
+        sid, run = launched.stream_id, launched.producer
         # the plan saved before the run, as a job saves it when it starts (and each section)
         await RedisEventLog.set_plan(log, sid, run.plan.model_dump_json())
         for _ in range(50):
@@ -246,7 +250,7 @@ async def test_a_run_whose_log_is_lost_is_told(redis_log: CountingLog) -> None:
     streams, kind = toy_streams(redis_log, stub_engine(delay_s=0.005))
     client = Redis.from_url(REDIS_URL)
     try:
-        sid = await streams.start(kind, kind.accept(list(b"gone"), 400))
+        sid = await start_toy(streams, kind, list(b"gone"), 400)
         events = []
         async for event in streams.follow(sid):
             events.append(event)

@@ -18,11 +18,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from rag_stream.generation.engine import Engine, EngineStep, Sampling
 from rag_stream.generation.stub import StubEngine
-from rag_stream.pipeline.plan import TokenPlan
-from rag_stream.pipeline.tokens import TokenOutput, token_phase
+from rag_stream.kinds.plan import TokenPlan
+from rag_stream.kinds.tokens import TokenOutput, token_phase
 from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason
 from rag_stream.schemas.generate import Coalesce
+from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.settings import StreamingSettings
+from rag_stream.streaming.admission import Admission, Priority
 from rag_stream.streaming.context import StreamContext
 from rag_stream.streaming.event_log import EventLog, StreamMeta
 from rag_stream.streaming.kinds import plan_error
@@ -92,6 +94,8 @@ class ToyRun:
     model: str = "stub"
     conversation_id: str | None = None
     accepted_at: float = field(default_factory=time.monotonic)
+    priority: Priority = "interactive"
+    initial_plan: TokenPlan | None = None
 
     async def run(self, ctx: StreamContext) -> FinishReason:
         if self.first:
@@ -108,24 +112,38 @@ class ToyRun:
         return Done(id=event_id, finish_reason=reason, usage=self.out.run.usage())
 
 
+@dataclass(frozen=True)
+class ToyIntent:
+    prompt_ids: list[int]
+    max_tokens: int
+    coalesce: Coalesce | None = None
+
+
 class ToyKind:
     """Generation straight from prompt ids, finishing without a database."""
 
     name = "toy"
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, detached: bool = False) -> None:
         self.engine = engine
+        self.detached = detached
         self.finished: list[str] = []  # the text each finished run reported
         self.finished_for: list[str] = []  # and whose stream it was (ctx.tenant)
         self.lost: list[str] = []  # the error codes of runs that ended by log_lost
 
-    def accept(
-        self, prompt_ids: list[int], max_tokens: int, coalesce: Coalesce | None = None
-    ) -> ToyRun:
+    async def accept(self, intent: ToyIntent, tenant: str) -> ToyRun:
         plan = TokenPlan(
-            prompt_ids=prompt_ids, max_tokens=max_tokens, coalesce=coalesce or Coalesce()
+            prompt_ids=intent.prompt_ids,
+            max_tokens=intent.max_tokens,
+            coalesce=intent.coalesce or Coalesce(),
         )
         return ToyRun(self, plan)
+
+    async def started(self, stream_id: str, producer: ToyRun) -> None:
+        return None
+
+    async def not_started(self, producer: ToyRun, error: Exception) -> None:
+        return None
 
     async def can_continue(self, meta: StreamMeta) -> bool:
         return meta.model == self.engine.model_name
@@ -138,6 +156,24 @@ class ToyKind:
         return ToyRun(self, plan, TokenOutput.from_log(logged), first=False)
 
 
-def toy_streams(log: EventLog, engine: Engine, **cfg: Any) -> tuple[Streams, ToyKind]:
-    kind = ToyKind(engine)
-    return Streams(log, StreamingSettings(**cfg), [kind]), kind
+def toy_streams(
+    log: EventLog, engine: Engine, detached: bool = False, **cfg: Any
+) -> tuple[Streams, ToyKind]:
+    kind = ToyKind(engine, detached)
+    admission = Admission(max_active=1000, max_queued=1000, retry_after_s=1)
+    return Streams(log, StreamingSettings(**cfg), [kind], admission), kind
+
+
+async def start_toy(
+    streams: Streams,
+    kind: ToyKind,
+    prompt_ids: list[int],
+    max_tokens: int,
+    coalesce: Coalesce | None = None,
+    *,
+    tenant: str = LOCAL_TENANT,
+) -> str:
+    """A toy stream started through the front door, as a route starts one; its id."""
+    intent = ToyIntent(prompt_ids, max_tokens, coalesce)
+    launched = await streams.launch(kind, intent, tenant=tenant, priority="interactive")
+    return launched.stream_id

@@ -18,7 +18,7 @@ from rag_stream.streaming.coalesce import (
     kernel_rtt_ms,
 )
 from rag_stream.streaming.memory_log import MemoryEventLog
-from tests.support.fakes import ByteTokenizer, stub_engine, toy_streams
+from tests.support.fakes import ByteTokenizer, start_toy, stub_engine, toy_streams
 
 CFG = StreamingSettings(coalesce_rtt_ms=100)
 
@@ -69,7 +69,7 @@ def test_no_socket_means_unknown_rtt() -> None:
 
 async def _tokens(rule: Coalesce, max_tokens: int, delay_s: float = 0.0) -> list[Token]:
     streams, kind = toy_streams(MemoryEventLog(), stub_engine(delay_s=delay_s))
-    sid = await streams.start(kind, kind.accept(list(b"hi"), max_tokens, rule))
+    sid = await start_toy(streams, kind, list(b"hi"), max_tokens, rule)
     events = [e async for e in streams.follow(sid)]
     await streams.close()
     assert [e.id for e in events] == list(range(len(events)))

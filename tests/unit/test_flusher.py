@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from rag_stream.streaming.event_log import Append, AppendResult
 from rag_stream.streaming.memory_log import MemoryEventLog
-from tests.support.fakes import stub_engine, toy_streams
+from tests.support.fakes import start_toy, stub_engine, toy_streams
 from tests.unit.test_streams import check_one_stream
 
 
@@ -28,7 +28,7 @@ async def test_streams_decoding_together_share_each_append() -> None:
     log = CountingLog()
     # 8 streams at the same pace, as an engine batch decodes them: one token each per step
     streams, kind = toy_streams(log, stub_engine(delay_s=0.002))
-    sids = [await streams.start(kind, kind.accept([i + 1], 150)) for i in range(8)]
+    sids = [await start_toy(streams, kind, [i + 1], 150) for i in range(8)]
 
     async def read(sid: str) -> None:
         check_one_stream([e async for e in streams.follow(sid)], 150)
@@ -46,7 +46,7 @@ async def test_an_idle_stream_keeps_its_lease_through_the_flusher() -> None:
     log = CountingLog()
     # a token every 0.3 s against a 0.1 s renewal: renewals go out between the tokens
     streams, kind = toy_streams(log, stub_engine(delay_s=0.3), renew_interval_s=0.1)
-    sid = await streams.start(kind, kind.accept([1], 3))
+    sid = await start_toy(streams, kind, [1], 3)
     check_one_stream([e async for e in streams.follow(sid)], 3)
     await streams.close()
     # 3 tokens give at most 3 appends with events; the rest renewed the lease
@@ -73,7 +73,7 @@ class StallingLog(MemoryEventLog):
 async def test_a_writer_catches_up_after_a_stall_in_bounded_appends() -> None:
     log = StallingLog()
     streams, kind = toy_streams(log, stub_engine(delay_s=0.0002), append_max_events=50)
-    sid = await streams.start(kind, kind.accept([1], 1000))
+    sid = await start_toy(streams, kind, [1], 1000)
     check_one_stream([e async for e in streams.follow(sid)], 1000)  # whole, in order
     await streams.close()
     assert max(log.sizes) == 50, log.sizes  # the backlog went out 50 at a time

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from rag_stream.api.streams import _cursor
+from rag_stream.api.cursor import resume_cursor as _cursor
 from rag_stream.errors import ConfigError, InvalidRequest
 from rag_stream.schemas.answers import AnswerRequest
 from rag_stream.schemas.generate import GenerateRequest

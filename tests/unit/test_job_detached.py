@@ -7,16 +7,20 @@ import asyncio
 
 from rag_stream.schemas.events import Done
 from rag_stream.streaming.memory_log import MemoryEventLog
-from tests.support.fakes import stub_engine, toy_streams
+from tests.support.fakes import start_toy, stub_engine, toy_streams
 
 
 async def _left_alone(detached: bool) -> Done:
     log = MemoryEventLog()
     # 400 tokens at 5 ms: 2 s of generation, far past the 0.2 s after which readers are missed
     streams, kind = toy_streams(
-        log, stub_engine(delay_s=0.005), abandon_after_s=0.2, renew_interval_s=0.05
+        log,
+        stub_engine(delay_s=0.005),
+        detached=detached,
+        abandon_after_s=0.2,
+        renew_interval_s=0.05,
     )
-    sid = await streams.start(kind, kind.accept([1], 400), detached=detached)
+    sid = await start_toy(streams, kind, [1], 400)
     seen = 0
     async for _ in streams.follow(sid):  # a reader that takes a few events and leaves
         seen += 1

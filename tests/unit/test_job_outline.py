@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from rag_stream.generation.engine import EngineStep, Sampling
-from rag_stream.pipeline.job_outline import OutlineFailed, parse_outline, plan_outline
-from rag_stream.pipeline.job_section import SectionPlan
+from rag_stream.kinds.job.outline import OutlineFailed, parse_outline, plan_outline
+from rag_stream.kinds.job.section import SectionPlan
 from rag_stream.schemas.jobs import JobSpec
 
 

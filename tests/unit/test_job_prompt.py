@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rag_stream.errors import PayloadTooLarge
-from rag_stream.pipeline.job_prompt import fit_section
+from rag_stream.kinds.job.prompt import fit_section
 from rag_stream.retrieval.retriever import SearchHit
 from rag_stream.schemas.jobs import JobSpec
 from tests.support.fakes import stub_engine
@@ -79,7 +79,7 @@ class _TiedRetriever:
 def test_tied_scores_are_cut_in_chunk_id_order_whatever_the_store_returns() -> None:
     import asyncio
 
-    from rag_stream.pipeline.job_section import _search
+    from rag_stream.kinds.job.section import _search
 
     spec = JobSpec(title="t", sections=1, section_tokens=10, top_k=2)
     hits = [_hit("best", 0.9), _hit("zeta", 0.5), _hit("alpha", 0.5), _hit("low", 0.1)]

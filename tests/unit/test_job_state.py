@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rag_stream.pipeline.job_state import JobState
+from rag_stream.kinds.job.state import JobState
 from rag_stream.schemas.events import (
     EVENT_ADAPTER,
     Citation,

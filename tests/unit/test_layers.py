@@ -1,34 +1,70 @@
-"""The package's subpackages import one another in one direction only.
+"""The package's parts import one another in one direction only, and each kind of stream is a
+slice of its own.
 
 Reads every module's imports with ``ast`` (function-local imports included, so a cycle cannot
-hide inside a function) and checks that the graph between top-level parts of ``rag_stream``
-(``api``, ``streaming``, ``store``, ``app``, ...) has no cycle, and that the lowest layers import
-nothing from the layers above them. Run alone: ``pytest tests/unit/test_layers.py``.
+hide inside a function) and checks that each top-level part of ``rag_stream`` (``api``,
+``streaming``, ``store``, ``app``, ...) imports only parts of lower layers (``LAYERS``). A kind's
+routes (``rag_stream/kinds/<kind>/routes.py``) and the list of kinds (``kinds/registry.py``)
+are a part of their own, ``kinds.routes``, above ``api`` (they use its dependencies); the rest
+of ``rag_stream/kinds`` is below it. Run alone: ``pytest tests/unit/test_layers.py``.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rag_stream"
 
-# A part may import only parts listed for it (or nothing); higher parts are not listed below.
-FOUNDATION = {
-    "errors": set(),
-    "settings": {"errors"},
-    "schemas": {"errors"},
-    "store": {"errors", "settings", "schemas"},
-    "metrics": {"schemas"},
+# Bottom to top: a part may import only parts of a lower layer. A new part must be placed here.
+LAYERS: dict[str, int] = {
+    "errors": 0,
+    "malloc_arenas": 0,
+    "settings": 1,
+    "schemas": 1,
+    "metrics": 2,
+    "store": 2,
+    "generation": 2,
+    "client": 2,  # lifted into other programs: schemas and errors only (below)
+    "retrieval": 3,
+    "kv": 3,
+    "ask_cli": 3,
+    "job_cli": 3,
+    "ingest": 4,
+    "streaming": 5,  # streams of any kind: it knows none of them (below)
+    "kinds": 6,  # the kinds' plans, producers and intents, and what they share
+    "resources": 7,
+    "api": 8,  # dependencies, shared route helpers, routes of no kind, the OpenAI wire
+    "kinds.routes": 9,  # each kind's routes, and the registry that lists the kinds
+    "preflight": 10,
+    "prepare": 10,
+    "app": 10,
+    "cli": 11,
+    "__main__": 12,
 }
+# What a kind's folder may import of rag_stream.kinds besides itself: what all kinds share.
+SHARED_KIND_MODULES = {"base", "plan", "tokens", "markers"}
 
 
 def _part(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "rag_stream" or len(parts) < 2:
         return None
+    if parts[1] == "kinds" and len(parts) > 2 and parts[-1] in ("routes", "registry"):
+        return "kinds.routes"
     return parts[1]
+
+
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -39,16 +75,10 @@ def import_graph() -> dict[str, set[str]]:
         if here is None or here == "__init__":
             continue
         graph[here]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            for name in names:
-                there = _part(name)
-                if there is not None and there != here:
-                    graph[here].add(there)
+        for name in _imports(path):
+            there = _part(name)
+            if there is not None and there != here:
+                graph[here].add(there)
     return graph
 
 
@@ -76,26 +106,49 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycle_between_parts_of_the_package() -> None:
     graph = import_graph()
-    assert {"api", "streaming", "pipeline", "store", "schemas"} <= set(graph)
+    assert {"api", "streaming", "kinds", "kinds.routes", "store", "schemas"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def test_lower_layers_import_nothing_from_higher_ones() -> None:
+def test_every_part_imports_only_lower_layers() -> None:
     graph = import_graph()
-    for part, allowed in FOUNDATION.items():
-        extra = graph.get(part, set()) - allowed
-        assert not extra, f"{part} imports {sorted(extra)}; it may import only {sorted(allowed)}"
+    unplaced = set(graph) - set(LAYERS)
+    assert not unplaced, f"place {sorted(unplaced)} in LAYERS (tests/unit/test_layers.py)"
+    for part, targets in graph.items():
+        upward = sorted(t for t in targets if LAYERS[t] >= LAYERS[part])
+        assert not upward, f"{part} (layer {LAYERS[part]}) imports {upward}, not below it"
 
 
 def test_streaming_knows_no_stream_kind() -> None:
     graph = import_graph()
-    assert "pipeline" not in graph["streaming"]
-    assert "api" not in graph["streaming"]
+    assert not graph["streaming"] & {"kinds", "kinds.routes", "api"}
     for path in (PACKAGE / "streaming").glob("*.py"):
         text = path.read_text(encoding="utf-8")
-        for name in ('"answer"', '"generate"'):
+        for name in ('"answer"', '"generate"', '"job"'):
             assert name not in text, f"{path.name} names the kind {name}"
+
+
+def test_a_kind_imports_no_other_kind() -> None:
+    """A kind is a vertical slice: its folder uses what all kinds share, never another kind."""
+    kinds = PACKAGE / "kinds"
+    for folder in (p for p in kinds.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        for path in folder.glob("*.py"):
+            for name in _imports(path):
+                parts = name.split(".")
+                if parts[:2] != ["rag_stream", "kinds"] or len(parts) < 3:
+                    continue
+                inside = parts[2] == folder.name or parts[2] in SHARED_KIND_MODULES
+                assert inside, f"kinds/{folder.name}/{path.name} imports {name}"
+
+
+def test_streams_start_only_through_the_front_door() -> None:
+    """Admission, the priority rule and the start are ``Streams.launch``'s: no route or kind
+    takes a ticket or starts a producer itself."""
+    pattern = re.compile(r"\.ticket\(|\bproducers\.start\(|\bAdmission\(")
+    for path in [*(PACKAGE / "api").rglob("*.py"), *(PACKAGE / "kinds").rglob("*.py")]:
+        found = pattern.search(path.read_text(encoding="utf-8"))
+        assert found is None, f"{path.relative_to(PACKAGE)} calls {found.group(0)} itself"
 
 
 def test_the_client_imports_nothing_of_the_server() -> None:

@@ -11,8 +11,10 @@ from rag_stream.errors import ConfigError
 from rag_stream.generation.engine import Sampling
 from rag_stream.generation.priority import priority_class
 from rag_stream.generation.slot import EngineSlot
+from rag_stream.kinds.base import KindDeps
+from rag_stream.kinds.generate.intent import Prompt, prompt_from_request
+from rag_stream.kinds.generate.kind import GenerateKind
 from rag_stream.metrics import Metrics
-from rag_stream.pipeline.generate import GenerateKind
 from rag_stream.schemas.generate import Coalesce, GenerateRequest
 from rag_stream.settings import LimitsSettings, load_settings
 from tests.support.fakes import stub_engine
@@ -39,7 +41,8 @@ def test_a_long_prompt_is_batch_unless_its_tenant_may_keep_it_interactive(
 def _kind() -> GenerateKind:
     slot = EngineSlot()
     slot.set(stub_engine())  # one token per UTF-8 byte
-    return GenerateKind(slot, None, Metrics(), LIMITS)  # type: ignore[arg-type]
+    settings = load_settings(limits=LIMITS.model_dump())
+    return GenerateKind(KindDeps(slot, None, None, Metrics(), settings))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -50,20 +53,22 @@ def _kind() -> GenerateKind:
         ("short", "batch", "batch", 1),
     ],
 )
-def test_the_class_reaches_the_ticket_the_engine_and_a_takeover(
+async def test_the_class_reaches_the_ticket_the_engine_and_a_takeover(
     prompt: str, asked: Any, expected: str, engine_priority: int
 ) -> None:
     kind = _kind()
-    run = kind.accept(GenerateRequest(prompt=prompt, priority=asked), Coalesce(), "local")
+    request = GenerateRequest(prompt=prompt, priority=asked)
+    run = await kind.accept(prompt_from_request(request, LIMITS, Coalesce()), "local")
     assert run.priority == expected  # what the route gives the admission ticket
     assert run.plan.sampling().priority == engine_priority  # what vLLM is asked
     later = kind.continuation(run.plan.model_dump_json(), [])
     assert later.plan.sampling(already_generated=3).priority == engine_priority
 
 
-def test_a_chat_asks_for_its_class_too() -> None:
+async def test_a_chat_asks_for_its_class_too() -> None:
     messages = [{"role": "user", "content": "hi"}]
-    run = _kind().accept_chat(messages, Sampling(max_tokens=8), Coalesce(), [], "batch", "local")
+    prompt = Prompt(Sampling(max_tokens=8), Coalesce(), messages=messages, priority="batch")
+    run = await _kind().accept(prompt, "local")
     assert run.priority == "batch" and run.plan.sampling().priority == 1
 
 

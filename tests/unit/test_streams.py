@@ -8,10 +8,11 @@ import pytest
 from redis.exceptions import RedisError
 
 from rag_stream.errors import NotFound
+from rag_stream.generation.engine import Sampling
 from rag_stream.schemas.events import Done, ErrorEvent, Event, Token
 from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.streaming.memory_log import MemoryEventLog
-from tests.support.fakes import ByteTokenizer, stub_engine, toy_streams
+from tests.support.fakes import ByteTokenizer, start_toy, stub_engine, toy_streams
 
 
 def check_one_stream(events: list[Event], n_tokens: int | None = None) -> list[int]:
@@ -30,7 +31,7 @@ def check_one_stream(events: list[Event], n_tokens: int | None = None) -> list[i
 async def test_events_are_contiguous_and_text_is_whole_characters() -> None:
     engine = stub_engine()
     streams, kind = toy_streams(MemoryEventLog(), engine)
-    sid = await streams.start(kind, kind.accept(list(b"hello"), 300))
+    sid = await start_toy(streams, kind, list(b"hello"), 300)
     events = [e async for e in streams.follow(sid)]
     ids = check_one_stream(events, 300)
     tokens = [e for e in events if isinstance(e, Token)]
@@ -46,7 +47,7 @@ async def test_cancel_stops_a_running_stream() -> None:
     engine = stub_engine(delay_s=0.002)
     log = MemoryEventLog()
     streams, kind = toy_streams(log, engine)
-    sid = await streams.start(kind, kind.accept([1, 2, 3], 100_000))
+    sid = await start_toy(streams, kind, [1, 2, 3], 100_000)
     seen: list[Event] = []
     async for event in streams.follow(sid):
         seen.append(event)
@@ -66,7 +67,7 @@ async def test_takeover_continues_without_gap_or_repeat() -> None:
     engine = stub_engine(delay_s=0.001)
     log = MemoryEventLog()
     crashing, kind = toy_streams(log, engine, lease_ms=500)
-    sid = await crashing.start(kind, kind.accept([7, 8, 9], 400), tenant="acme")
+    sid = await start_toy(crashing, kind, [7, 8, 9], 400, tenant="acme")
     first: list[Event] = []
     async for event in crashing.follow(sid):
         first.append(event)
@@ -79,7 +80,7 @@ async def test_takeover_continues_without_gap_or_repeat() -> None:
     ids = check_one_stream(events, 400)
     reference = [
         t
-        async for s in engine.generate("ref", [7, 8, 9], kind.accept([], 400).plan.sampling())
+        async for s in engine.generate("ref", [7, 8, 9], Sampling(max_tokens=400))
         for t in s.token_ids
     ]
     assert ids == reference
@@ -98,7 +99,7 @@ async def test_a_plan_from_another_version_ends_the_stream_with_a_clear_error() 
     engine = stub_engine(delay_s=0.001)
     log = MemoryEventLog()
     crashing, kind = toy_streams(log, engine, lease_ms=500)
-    sid = await crashing.start(kind, kind.accept([1], 1000))
+    sid = await start_toy(crashing, kind, [1], 1000)
     async for event in crashing.follow(sid):
         if isinstance(event, Token):
             break  # it is generating: interrupted mid-stream
@@ -114,11 +115,13 @@ async def test_a_plan_from_another_version_ends_the_stream_with_a_clear_error() 
 
 
 def test_cited_markers_are_the_answers_markers_that_name_a_source() -> None:
-    from rag_stream.pipeline.answer import cited_markers
+    from rag_stream.kinds.markers import cited_markers
 
+    sources = range(1, 4)
     text = "Herons [2] nest in the delta [1][2]; see also [9] and [0] and [ 3]."
-    assert cited_markers(text, sources=3) == [1, 2]
-    assert cited_markers("no markers", sources=3) == []
+    assert cited_markers(text, sources) == [1, 2]
+    assert cited_markers("no markers", sources) == []
+    assert cited_markers("a job's source [1204], not [12045]", {1204, 12045}) == [1204]
 
 
 async def test_close_ends_the_sweeper_even_when_a_redis_call_swallows_the_cancel() -> None:

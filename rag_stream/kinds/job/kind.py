@@ -25,21 +25,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from rag_stream.errors import EngineDied, RagStreamError
 from rag_stream.generation.engine import Engine
 from rag_stream.generation.priority import ENGINE_PRIORITY, PriorityClass
-from rag_stream.generation.slot import EngineSlot
-from rag_stream.metrics import Metrics
-from rag_stream.pipeline import job_section
-from rag_stream.pipeline.job_accept import check_request
-from rag_stream.pipeline.job_outline import plan_outline
-from rag_stream.pipeline.job_section import SectionPlan
-from rag_stream.pipeline.job_state import JobState, SectionState
-from rag_stream.pipeline.tokens import TokenRun
-from rag_stream.retrieval.retriever import Retriever
+from rag_stream.kinds.base import BaseKind
+from rag_stream.kinds.job import section as job_section
+from rag_stream.kinds.job.accept import check_request
+from rag_stream.kinds.job.outline import plan_outline
+from rag_stream.kinds.job.section import SectionPlan
+from rag_stream.kinds.job.state import JobState, SectionState
+from rag_stream.kinds.tokens import TokenRun
 from rag_stream.schemas.events import (
     Done,
     ErrorEvent,
@@ -51,7 +48,7 @@ from rag_stream.schemas.events import (
     Usage,
 )
 from rag_stream.schemas.jobs import JobRequest, JobSpec
-from rag_stream.settings import JobsSettings, LimitsSettings
+from rag_stream.settings import JobsSettings
 from rag_stream.store.jobs import (
     FinishedSection,
     create_job,
@@ -60,14 +57,9 @@ from rag_stream.store.jobs import (
     save_sections,
     set_stream,
 )
-from rag_stream.store.models import Job
 from rag_stream.store.repositories import resolve_kb
 from rag_stream.store.streams import save_stream
-from rag_stream.streaming.admission import Ticket
 from rag_stream.streaming.context import StreamContext
-from rag_stream.streaming.event_log import StreamMeta
-from rag_stream.streaming.kinds import plan_error
-from rag_stream.streaming.service import Streams
 
 logger = logging.getLogger(__name__)
 BATCH = ENGINE_PRIORITY["batch"]
@@ -112,6 +104,12 @@ class JobRun:
     priority: PriorityClass = "batch"
     retrieval_ms: float = 0.0
     runs: list[TokenRun] = field(default_factory=list)  # this process's sections
+
+    @property
+    def initial_plan(self) -> JobPlan:
+        """Saved as soon as the stream exists: a process that dies before the job's turn
+        comes (it waits for a batch slot) leaves a job another process can run."""
+        return self.plan
 
     @property
     def _affinity(self) -> str:
@@ -261,57 +259,37 @@ class JobRun:
         return done
 
 
-class JobKind:
+class JobKind(BaseKind[JobPlan]):
     name = "job"
+    detached = True  # a job runs to its end whether or not anyone reads it
+    plans = TypeAdapter(JobPlan)
 
-    def __init__(
-        self,
-        engines: EngineSlot,
-        sessions: async_sessionmaker[AsyncSession],
-        retriever: Retriever,
-        metrics: Metrics,
-        cfg: JobsSettings,
-        limits: LimitsSettings,
-    ) -> None:
-        self.engines = engines
-        self.sessions = sessions
-        self.retriever = retriever
-        self.metrics = metrics
-        self.cfg = cfg
-        self.limits = limits
+    @property
+    def cfg(self) -> JobsSettings:
+        return self.settings.jobs
 
-    async def accept(self, body: JobRequest, tenant: str) -> tuple[Job, JobRun]:
-        """Check the request, find the KB, store the job (queued) and its first run."""
+    async def accept(self, body: JobRequest, tenant: str) -> JobRun:
+        """Check the request, find the KB, store the job (queued) and plan its first run."""
         engine = self.engines.get()
         async with self.sessions() as session:
             kb = await resolve_kb(session, body.kb, tenant=tenant)
         spec = check_request(engine, self.cfg, body)
         job = await create_job(self.sessions, tenant=tenant, kb_id=kb.id, spec=spec)
         plan = JobPlan(job_id=job.id, kb_id=kb.id, spec=spec)
-        return job, JobRun(self, engine.model_name, plan)
+        return JobRun(self, engine.model_name, plan)
 
-    async def start(self, streams: Streams, run: JobRun, ticket: Ticket | None, tenant: str) -> str:
-        """Start the job's stream (detached: it runs with no reader) and link it to the job.
-        The plan is saved at once, so a process that dies before the job's turn comes (it
-        waits for a batch slot) leaves a job another process can run."""
-        job_id = run.plan.job_id
-        try:
-            sid = await streams.start(self, run, ticket=ticket, tenant=tenant, detached=True)
-            await streams.event_log.set_plan(sid, run.plan.model_dump_json())
-        except RagStreamError as exc:
-            await finish_job(self.sessions, job_id, "failed", (exc.code, exc.message))
-            raise
-        await set_stream(self.sessions, job_id, sid)
-        return sid
+    async def started(self, stream_id: str, producer: JobRun) -> None:
+        await set_stream(self.sessions, producer.plan.job_id, stream_id)
 
-    async def can_continue(self, meta: StreamMeta) -> bool:
-        return await self.engines.serves(meta.model)
+    async def not_started(self, producer: JobRun, error: Exception) -> None:
+        if isinstance(error, RagStreamError):
+            reason = (error.code, error.message)
+        else:
+            reason = ("internal_error", "the job's stream could not be started")
+        await finish_job(self.sessions, producer.plan.job_id, "failed", reason)
 
     def continuation(self, plan_json: str, logged: Sequence[Event]) -> JobRun:
-        try:
-            plan = JobPlan.model_validate_json(plan_json)
-        except ValidationError as exc:
-            raise plan_error(self.name, exc) from None
+        plan = self.read_plan(plan_json)
         return JobRun(
             self, self.engines.get().model_name, plan, JobState.from_log(logged), first=False
         )

@@ -6,10 +6,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from rag_stream.api.deps import ResourcesDep, TenantDep
+from rag_stream.api.responses import stream_or_collect
+from rag_stream.kinds.answer.intent import question_from_request
+from rag_stream.kinds.answer.kind import AnswerKind
+from rag_stream.kinds.base import KindSlice
 from rag_stream.schemas.answers import AnswerRequest, AnswerResponse
 from rag_stream.schemas.events import CitationBody
-from rag_stream.streaming.collect import Collected, collect
-from rag_stream.streaming.sse import event_stream_response
+from rag_stream.streaming.collect import Collected
 
 router = APIRouter(tags=["answers"])
 
@@ -18,17 +21,12 @@ router = APIRouter(tags=["answers"])
 async def answer(
     body: AnswerRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
 ) -> Response | AnswerResponse:
-    kind, streams = resources.answers, resources.streams
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
-    async with resources.admission.ticket(body.priority, tenant) as ticket:
-        run = await kind.accept(body, coalesce, tenant)
-        ticket.priority = run.priority  # a long prompt waits as batch
-        stream_id = await streams.start(kind, run, ticket=ticket, tenant=tenant)
-    if body.stream:
-        batches = streams.follow_batches(stream_id)
-        keepalive = resources.settings.streaming.keepalive_s
-        return event_stream_response(batches, keepalive, {"X-Stream-Id": stream_id})
-    return _response(await collect(streams.follow(stream_id)))
+    question = question_from_request(body, resources.settings.limits, coalesce)
+    launched = await resources.streams.launch(
+        resources.kinds.get(AnswerKind), question, tenant=tenant, priority=body.priority
+    )
+    return await stream_or_collect(resources, launched.stream_id, body.stream, _response)
 
 
 def _response(result: Collected) -> AnswerResponse:
@@ -45,3 +43,6 @@ def _response(result: Collected) -> AnswerResponse:
         cited=done.cited,
         dropped_sources=done.dropped_sources,
     )
+
+
+KIND = KindSlice(AnswerKind, router)

@@ -16,7 +16,7 @@ from functools import partial
 from rag_stream.generation.detokenize import Detokenizer, TextDelta
 from rag_stream.generation.engine import Engine, Sampling
 from rag_stream.generation.stop_strings import StopStrings, first_stop
-from rag_stream.pipeline.plan import TokenPlan
+from rag_stream.kinds.plan import TokenPlan
 from rag_stream.schemas.events import Event, FinishReason, Timings, Token, Usage
 from rag_stream.schemas.generate import Coalesce
 from rag_stream.streaming.context import StreamContext

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rag_stream.generation.engine import Engine, Sampling
-from rag_stream.pipeline.job_prompt import fit_section
-from rag_stream.pipeline.job_state import JobState
-from rag_stream.pipeline.plan import TokenPlan
-from rag_stream.pipeline.tokens import TokenOutput, TokenRun, token_phase
+from rag_stream.kinds.job.prompt import fit_section
+from rag_stream.kinds.job.state import JobState
+from rag_stream.kinds.plan import TokenPlan
+from rag_stream.kinds.tokens import TokenOutput, TokenRun, token_phase
 from rag_stream.retrieval.retriever import Retriever, SearchHit
 from rag_stream.schemas.events import (
     Citation,

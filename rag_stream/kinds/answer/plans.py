@@ -18,7 +18,7 @@ from pydantic import Field, TypeAdapter
 
 from rag_stream.generation.engine import Sampling
 from rag_stream.generation.prompt import PromptLayout
-from rag_stream.pipeline.plan import TokenPlan
+from rag_stream.kinds.plan import TokenPlan
 from rag_stream.schemas.events import CitationBody
 from rag_stream.schemas.generate import Coalesce
 from rag_stream.schemas.kbs import SearchMode

@@ -6,11 +6,11 @@ Sources are numbered across the document; each entry links to its chunk
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import datetime
 from urllib.parse import quote
 
+from rag_stream.kinds.markers import cited_markers
 from rag_stream.schemas.events import FinishReason
 from rag_stream.schemas.jobs import (
     FINISHED,
@@ -24,8 +24,6 @@ from rag_stream.schemas.jobs import (
 )
 from rag_stream.store.jobs import elapsed_s, job_spec, section_citations
 from rag_stream.store.models import Job, JobSection, utcnow
-
-_MARKER = re.compile(r"\[(\d{1,4})\]")
 
 
 def _status(job: Job) -> JobStatus:
@@ -92,7 +90,7 @@ def job_result(job: Job, sections: Sequence[JobSection], base_url: str) -> JobRe
                     url=chunk_url(base_url, job.kb_id, c.chunk_id),
                 ),
             )
-        cited = sorted({n for n in map(int, _MARKER.findall(section.text)) if n in mine})
+        cited = cited_markers(section.text, mine)
         reason: FinishReason = section.finish_reason  # type: ignore[assignment]
         out.append(
             SectionOut(

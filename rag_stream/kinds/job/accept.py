@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rag_stream.errors import InvalidRequest
 from rag_stream.generation.engine import Engine
-from rag_stream.pipeline.job_prompt import check_fits
+from rag_stream.kinds.job.prompt import check_fits
 from rag_stream.schemas.jobs import JobRequest, JobSpec
 from rag_stream.settings import JobsSettings
 

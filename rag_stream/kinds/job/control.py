@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from rag_stream.errors import NotFound
+from rag_stream.errors import EventLogUnavailable, NotFound
 from rag_stream.schemas.events import ErrorEvent
 from rag_stream.schemas.jobs import FINISHED
 from rag_stream.store.jobs import delete_job, finish_job, get_job
@@ -46,8 +45,8 @@ async def reconcile(
         if job.status in FINISHED or job.stream_id is None:
             continue
         try:
-            error = await _stream_error(streams, job.stream_id)
-        except RedisError:
+            error = await _stream_error(streams, job.stream_id, job.tenant)
+        except EventLogUnavailable:
             continue  # the status SQL has is the best there is
         if error is None:
             continue
@@ -57,14 +56,14 @@ async def reconcile(
     return out
 
 
-async def _stream_error(streams: Streams, stream_id: str) -> tuple[str, str] | None:
-    meta = await streams.event_log.meta(stream_id)
-    if meta is None:
+async def _stream_error(streams: Streams, stream_id: str, tenant: str) -> tuple[str, str] | None:
+    try:
+        meta = await streams.status(stream_id, tenant=tenant)
+    except NotFound:
         return _VANISHED
     if meta.status != "error":
         return None
-    last = await streams.event_log.read(stream_id, meta.last_event_id - 1, None)
-    end = last[-1] if last else None
+    end = await streams.last_event(stream_id, tenant=tenant)
     if isinstance(end, ErrorEvent):
         return end.code, end.message
     return "stream_error", "the job's stream failed"

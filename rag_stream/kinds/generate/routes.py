@@ -6,9 +6,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from rag_stream.api.deps import ResourcesDep, TenantDep
+from rag_stream.api.responses import stream_or_collect
+from rag_stream.kinds.base import KindSlice
+from rag_stream.kinds.generate.intent import prompt_from_request
+from rag_stream.kinds.generate.kind import GenerateKind
 from rag_stream.schemas.generate import GenerateRequest, GenerateResponse
-from rag_stream.streaming.collect import Collected, collect
-from rag_stream.streaming.sse import event_stream_response
+from rag_stream.streaming.collect import Collected
 
 router = APIRouter(tags=["generate"])
 
@@ -17,17 +20,12 @@ router = APIRouter(tags=["generate"])
 async def generate(
     body: GenerateRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
 ) -> Response | GenerateResponse:
-    kind, streams = resources.generation, resources.streams
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
-    async with resources.admission.ticket(body.priority, tenant) as ticket:
-        run = kind.accept(body, coalesce, tenant)
-        ticket.priority = run.priority  # a long prompt waits as batch
-        stream_id = await streams.start(kind, run, ticket=ticket, tenant=tenant)
-    if body.stream:
-        batches = streams.follow_batches(stream_id)
-        keepalive = resources.settings.streaming.keepalive_s
-        return event_stream_response(batches, keepalive, {"X-Stream-Id": stream_id})
-    return _response(await collect(streams.follow(stream_id)))
+    prompt = prompt_from_request(body, resources.settings.limits, coalesce)
+    launched = await resources.streams.launch(
+        resources.kinds.get(GenerateKind), prompt, tenant=tenant, priority=body.priority
+    )
+    return await stream_or_collect(resources, launched.stream_id, body.stream, _response)
 
 
 def _response(result: Collected) -> GenerateResponse:
@@ -41,3 +39,6 @@ def _response(result: Collected) -> GenerateResponse:
         usage=done.usage,
         timings=done.timings,
     )
+
+
+KIND = KindSlice(GenerateKind, router)

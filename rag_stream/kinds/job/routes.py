@@ -8,11 +8,13 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
 
+from rag_stream.api.cursor import resume_cursor
 from rag_stream.api.deps import ResourcesDep, SessionDep, SettingsDep, StreamsDep, TenantDep
-from rag_stream.api.streams import _cursor
 from rag_stream.errors import NotFound
-from rag_stream.pipeline.job_control import cancel_job, current_job, reconcile, remove_job
-from rag_stream.pipeline.job_result import job_out, job_result, markdown
+from rag_stream.kinds.base import KindSlice
+from rag_stream.kinds.job.control import cancel_job, current_job, reconcile, remove_job
+from rag_stream.kinds.job.kind import JobKind
+from rag_stream.kinds.job.result import job_out, job_result, markdown
 from rag_stream.schemas.jobs import JobList, JobOut, JobRequest, JobResult
 from rag_stream.schemas.streams import EVENT_ID_MAX, SSE_RESPONSES
 from rag_stream.store.jobs import get_job, list_jobs, sections_of
@@ -23,12 +25,11 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 @router.post("", status_code=202)
 async def create(body: JobRequest, resources: ResourcesDep, tenant: TenantDep) -> JobOut:
-    kind = resources.jobs
-    async with resources.admission.ticket("batch", tenant) as ticket:
-        job, run = await kind.accept(body, tenant)
-        await kind.start(resources.streams, run, ticket, tenant)
+    launched = await resources.streams.launch(
+        resources.kinds.get(JobKind), body, tenant=tenant, priority="batch"
+    )
     async with resources.sessions() as session:
-        return job_out(await get_job(session, job.id, tenant=tenant))
+        return job_out(await get_job(session, launched.producer.plan.job_id, tenant=tenant))
 
 
 @router.get("")
@@ -64,7 +65,7 @@ async def events(
     job = await get_job(session, job_id, tenant=tenant)
     if job.stream_id is None:
         raise NotFound(f"job {job_id!r} has no events (it never started)")
-    cursor = _cursor(last_event_id_header, last_event_id)
+    cursor = resume_cursor(last_event_id_header, last_event_id)
     await streams.check_cursor(job.stream_id, cursor, tenant=tenant)
     batches = streams.follow_batches(job.stream_id, cursor)
     keepalive = settings.streaming.keepalive_s
@@ -98,3 +99,6 @@ async def cancel(job_id: str, resources: ResourcesDep, tenant: TenantDep) -> Job
 async def delete(job_id: str, resources: ResourcesDep, tenant: TenantDep) -> Response:
     await remove_job(resources.sessions, resources.streams, job_id, tenant)
     return Response(status_code=204)
+
+
+KIND = KindSlice(JobKind, router)

@@ -7,10 +7,10 @@ the events already in the log, so both go on from the same state.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rag_stream.kinds.markers import cited_markers
 from rag_stream.schemas.events import (
     Citation,
     CitationBody,
@@ -21,8 +21,6 @@ from rag_stream.schemas.events import (
     SectionStarted,
     Token,
 )
-
-_MARKER = re.compile(r"\[(\d{1,4})\]")
 
 
 @dataclass
@@ -41,7 +39,7 @@ class SectionState:
     def cited(self) -> list[int]:
         """The [n] markers of the text that name one of this section's sources."""
         mine = {c.n for c in self.citations}
-        return sorted({n for n in map(int, _MARKER.findall(self.text)) if n in mine})
+        return cited_markers(self.text, mine)
 
 
 @dataclass

@@ -15,27 +15,22 @@
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
 from rag_stream.errors import InvalidRequest, PayloadTooLarge, StartInterrupted
-from rag_stream.generation.engine import Sampling
 from rag_stream.generation.priority import ENGINE_PRIORITY, PriorityClass, priority_class
 from rag_stream.generation.prompt import Turn, layout
-from rag_stream.generation.sampling import fit_to_window, sampling_for
-from rag_stream.generation.slot import EngineSlot
-from rag_stream.metrics import Metrics
-from rag_stream.pipeline.answer_plans import SAVED_PLANS, AnswerJob, AnswerPlan, QuestionPlan
-from rag_stream.pipeline.sources import Retrieved, retrieve_while_prefilling
-from rag_stream.pipeline.tokens import TokenOutput, token_phase
-from rag_stream.retrieval.retriever import Retriever, SearchHit
-from rag_stream.schemas.answers import AnswerRequest
+from rag_stream.generation.sampling import fit_to_window
+from rag_stream.kinds.answer.intent import Question
+from rag_stream.kinds.answer.plans import SAVED_PLANS, AnswerJob, AnswerPlan, QuestionPlan
+from rag_stream.kinds.answer.sources import Retrieved, retrieve_while_prefilling
+from rag_stream.kinds.base import BaseKind
+from rag_stream.kinds.markers import cited_markers
+from rag_stream.kinds.tokens import TokenOutput, token_phase
+from rag_stream.retrieval.retriever import SearchHit
 from rag_stream.schemas.events import (
     Citation,
     CitationBody,
@@ -45,43 +40,13 @@ from rag_stream.schemas.events import (
     FinishReason,
     Usage,
 )
-from rag_stream.schemas.generate import Coalesce
-from rag_stream.schemas.kbs import SearchMode
-from rag_stream.settings import AnswersSettings, LimitsSettings
+from rag_stream.settings import AnswersSettings
 from rag_stream.store.conversations import get_conversation, save_answer
 from rag_stream.store.db import retrying
 from rag_stream.store.models import new_id
 from rag_stream.store.repositories import resolve_kb
 from rag_stream.store.streams import save_stream
 from rag_stream.streaming.context import StreamContext
-from rag_stream.streaming.event_log import StreamMeta
-from rag_stream.streaming.kinds import plan_error
-
-_MARKER = re.compile(r"\[(\d{1,3})\]")
-
-
-@dataclass(frozen=True)
-class Question:
-    """A question on a KB, however the request spelled it (``/v1/answers`` or chat
-    completions): the history comes from a stored conversation or from the request's messages."""
-
-    kb: str  # name or id
-    tenant: str  # whose KB and conversation (another tenant's: 404)
-    text: str
-    history: Sequence[Turn]
-    sampling: Sampling
-    coalesce: Coalesce
-    top_k: int | None = None  # None: answers.default_top_k
-    mmr: bool = False
-    mode: SearchMode = "hybrid"  # how retrieval searches (schemas/kbs.py)
-    conversation_id: str | None = None  # continue this stored conversation
-    instructions: str | None = None  # the client's system messages, after ours
-    stop: Sequence[str] = ()
-    priority: PriorityClass = "interactive"  # as asked; a long prompt runs as batch
-
-
-def cited_markers(text: str, sources: int) -> list[int]:
-    return sorted({n for n in map(int, _MARKER.findall(text)) if 1 <= n <= sources})
 
 
 def _citation(n: int, hit: SearchHit, event_id: int) -> Citation:
@@ -112,6 +77,7 @@ class AnswerRun:
     accepted_at: float = field(default_factory=time.monotonic)
     priority: PriorityClass = "interactive"  # for the admission ticket (a continuation has none)
     queue_ms: float | None = None  # the first run's, when a continuation searches again
+    initial_plan: None = None  # the first run saves its plans as it goes
 
     async def run(self, ctx: StreamContext) -> FinishReason:
         engine = await self.kind.engines.wait()
@@ -199,7 +165,7 @@ class AnswerRun:
             timings=run.timings(
                 ctx.started, queue_ms=plan.queue_ms, retrieval_ms=plan.retrieval_ms
             ),
-            cited=cited_markers(text, len(plan.citations)),
+            cited=cited_markers(text, range(1, len(plan.citations) + 1)),
             dropped_sources=plan.dropped_sources,
         )
         # (a database that restarts under the stream is waited for: the answer is whole, and
@@ -223,55 +189,24 @@ class AnswerRun:
         return done
 
 
-class AnswerKind:
+class AnswerKind(BaseKind[AnswerPlan | QuestionPlan]):
     name = "answer"
+    plans = SAVED_PLANS
 
-    def __init__(
-        self,
-        engines: EngineSlot,
-        sessions: async_sessionmaker[AsyncSession],
-        retriever: Retriever,
-        metrics: Metrics,
-        cfg: AnswersSettings,
-        limits: LimitsSettings,
-    ) -> None:
-        self.engines = engines
-        self.sessions = sessions
-        self.retriever = retriever
-        self.metrics = metrics
-        self.cfg = cfg
-        self.limits = limits
+    @property
+    def cfg(self) -> AnswersSettings:
+        return self.settings.answers
 
-    async def accept(self, body: AnswerRequest, coalesce: Coalesce, tenant: str) -> AnswerRun:
-        """Check the request, find the conversation's history, and accept the question."""
+    async def accept(self, q: Question, tenant: str) -> AnswerRun:
+        """Check the question against the limits, find the KB (and the stored conversation's
+        history), and lay out the prompt so the answer always has room (sources are dropped
+        first)."""
         accepted_at = time.monotonic()
-        history: list[Turn] = []
-        if body.conversation_id:
+        history = q.history
+        if q.conversation_id:
             async with self.sessions() as session:
-                conv = await get_conversation(session, body.conversation_id, tenant=tenant)
+                conv = await get_conversation(session, q.conversation_id, tenant=tenant)
             history = [Turn(m.role, m.content) for m in conv.messages if m.content]
-        sampling = sampling_for(
-            self.limits, body.max_tokens, body.temperature, body.top_p, body.seed
-        )
-        question = Question(
-            kb=body.kb,
-            tenant=tenant,
-            text=body.question,
-            history=history,
-            sampling=sampling,
-            coalesce=coalesce,
-            top_k=body.top_k,
-            mmr=body.mmr,
-            mode=body.mode,
-            conversation_id=body.conversation_id,
-            priority=body.priority,
-        )
-        return await self.ask(question, accepted_at)
-
-    async def ask(self, q: Question, accepted_at: float | None = None) -> AnswerRun:
-        """Check the question against the limits, find the KB, and lay out the prompt so the
-        answer always has room (sources are dropped first)."""
-        accepted_at = time.monotonic() if accepted_at is None else accepted_at
         engine = self.engines.get()
         cfg = self.cfg
         question = q.text.strip()
@@ -283,10 +218,10 @@ class AnswerKind:
         if top_k > cfg.max_top_k:
             raise InvalidRequest(f"top_k must be between 0 and {cfg.max_top_k}, got {top_k}")
         async with self.sessions() as session:
-            kb = await resolve_kb(session, q.kb, tenant=q.tenant)
-        lay = layout(engine, q.history, question, cfg.history_budget_tokens, q.instructions)
+            kb = await resolve_kb(session, q.kb, tenant=tenant)
+        lay = layout(engine, history, question, cfg.history_budget_tokens, q.instructions)
         ids = lay.full_ids(engine, [])  # the sources are not known yet: they come on top
-        priority = priority_class(q.priority, len(ids), q.tenant, self.limits)
+        priority = priority_class(q.priority, len(ids), tenant, self.limits)
         job = AnswerJob(
             kb_id=kb.id,
             question=question,
@@ -295,7 +230,7 @@ class AnswerKind:
             sampling=replace(
                 fit_to_window(engine, ids, q.sampling),
                 priority=ENGINE_PRIORITY[priority],
-                affinity=_conversation_key(q.tenant, q.history, question),
+                affinity=_conversation_key(tenant, history, question),
             ),
             mmr=q.mmr,
             mode=q.mode,
@@ -312,14 +247,8 @@ class AnswerKind:
             priority=priority,
         )
 
-    async def can_continue(self, meta: StreamMeta) -> bool:
-        return await self.engines.serves(meta.model)
-
     def continuation(self, plan_json: str, logged: Sequence[Event]) -> AnswerRun:
-        try:
-            plan = SAVED_PLANS.validate_json(plan_json)
-        except ValidationError as exc:
-            raise plan_error(self.name, exc) from None
+        plan = self.read_plan(plan_json)
         if isinstance(plan, QuestionPlan):
             if any(e.type != "stream" for e in logged):
                 # some citations went out and the rest are lost with the process: another

@@ -1,0 +1,33 @@
+"""Where a reader resumes a stream: the ``Last-Event-ID`` header or the ``last_event_id`` query
+parameter, for every route that follows a stream (``/v1/streams/{id}/events``, a job's events)."""
+
+from __future__ import annotations
+
+import re
+
+from rag_stream.errors import InvalidRequest
+from rag_stream.schemas.streams import EVENT_ID_MAX
+
+# ASCII digits only: int() would also take "1_0", "+1" and other scripts' digits.
+_EVENT_ID = re.compile(r"-?[0-9]+")
+
+
+def resume_cursor(header: str | None, query: int | None) -> int:
+    """Where a reader resumes: the query parameter (bounded by its declaration) wins over the
+    header; -1 replays from the start."""
+    if query is not None:
+        return query
+    raw = (header or "").strip()
+    if not raw:
+        return -1  # absent, or sent empty: browsers send none before their first event
+    shown = raw if len(raw) <= 40 else raw[:40] + "..."
+    if not _EVENT_ID.fullmatch(raw):
+        raise InvalidRequest(f"Last-Event-ID must be an integer event id, got {shown!r}")
+    if raw.startswith("-"):
+        raise InvalidRequest(
+            f"Last-Event-ID must be >= 0 (omit it to replay from the start), got {shown}"
+        )
+    # compare lengths first: int() refuses strings of thousands of digits
+    if len(raw.lstrip("0")) > len(str(EVENT_ID_MAX)) or int(raw) > EVENT_ID_MAX:
+        raise InvalidRequest(f"Last-Event-ID must be at most {EVENT_ID_MAX}, got {shown}")
+    return int(raw)

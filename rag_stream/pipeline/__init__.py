@@ -1,1 +1,0 @@
-"""Request pipelines: turn a validated request into a sequence of typed events."""
