@@ -338,7 +338,9 @@ START_AHEAD = {
     "test_admission.py": "tiny_server_start",
     "test_answers.py": "smollm2_server_start",
     "test_chat_completions.py": "cluster_start",
-    "test_conversation_list.py": "default_server_start",
+    # (test_conversation_list and test_database_restart run in-process now, in seconds: the
+    # default server, SmolLM2 and the sample KB, needs the modules before them too)
+    "test_coalesce.py": "default_server_start",
     "test_edge_worker.py": "engine_death_victim_start",
     "test_job_redis_faults.py": "jobs_servers_start",
     "test_jobs.py": "kv_engines_start",
