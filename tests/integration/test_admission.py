@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from tests.conftest import REDIS_URL
 from tests.support.inprocess import InProcess
+from tests.support.waiting import eventually
 
 PREFIX = "rs-admission"
 
@@ -88,8 +89,14 @@ async def test_over_the_limits_a_request_gets_429_and_writes_nothing(
     assert await keys() == keys_before
     assert await _rejections(http) == rejected_before + 3
 
-    # the queued stream waits for the slot (no tokens yet), then runs when it frees
-    await asyncio.sleep(0.5)
+    # the queued stream waits for the slot (no tokens yet) while the running one generates,
+    # then runs when it frees
+    mark = (await _status(http, running))["last_event_id"]
+
+    async def running_went_on() -> bool:
+        return (await _status(http, running))["last_event_id"] >= mark + 20
+
+    await eventually(running_went_on, "20 more events of the running stream", timeout_s=30)
     assert (await _status(http, queued))["last_event_id"] == 0
     assert (await http.post(f"/v1/streams/{running}/cancel")).json()["cancelled"]
     deadline = time.monotonic() + 30

@@ -71,7 +71,8 @@ class _Running:
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -90,7 +91,7 @@ class _Running:
         code = self.proc.wait(timeout=timeout_s)
         assert self.proc.stderr is not None
         stderr = self.proc.stderr.read()
-        time.sleep(0.1)  # the reader thread drains the pipe
+        self._reader.join(timeout_s)  # it ends at the pipe's end: every line is queued
         rest = []
         while not self.lines.empty():
             rest.append(self.lines.get())

@@ -19,6 +19,7 @@ import numpy as np
 from rag_stream.retrieval.edge_store import EdgeVectorStore
 from rag_stream.retrieval.sparse import SparseVector
 from rag_stream.retrieval.vector_store import VectorPoint, VectorQuery
+from tests.support.waiting import eventually
 
 DIM = 384
 
@@ -33,6 +34,10 @@ def _random_points(n: int, seed: int) -> list[VectorPoint]:
         sparse = SparseVector(terms, [1.0] * len(terms))
         points.append(VectorPoint(uuid.uuid4().hex, vectors[i], f"kb{i % 10}", "d", {}, sparse))
     return points
+
+
+async def _gone(pid: int, folder: Path) -> bool:
+    return pid not in _worker_pids(folder)
 
 
 def _worker_pids(folder: Path) -> list[int]:
@@ -95,7 +100,8 @@ async def test_a_dead_worker_is_replaced_and_keeps_what_was_written(tmp_path: Pa
         assert before[0].chunk_id == points[0].chunk_id
         (pid,) = _worker_pids(folder)
         os.kill(pid, signal.SIGKILL)
-        await asyncio.sleep(0.2)
+        # dead (a zombie's command line is empty) before the next call, which must replace it
+        await eventually(lambda: _gone(pid, folder), f"worker {pid} dead")
         after = await store.search("kb0", query, 5)
         assert [h.chunk_id for h in after] == [h.chunk_id for h in before]
         assert await store.count() == 200
