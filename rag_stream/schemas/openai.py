@@ -30,11 +30,6 @@ _NEUTRAL: dict[str, tuple[object, ...]] = {
     "logprobs": (False,),
     "top_logprobs": (0,),
     "logit_bias": ({},),
-    "tools": ([],),
-    "tool_choice": ("none", "auto"),
-    "parallel_tool_calls": (True, False),
-    "functions": ([],),
-    "function_call": ("none", "auto"),
     "response_format": ({"type": "text"},),
     "modalities": (["text"],),
     "store": (False,),
@@ -89,6 +84,24 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")  # description, parameters, strict: not used
+
+    name: str = Field(min_length=1, max_length=64)
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+# The model answers in text and never calls a tool, so a request may offer tools (chat front
+# ends such as Open WebUI offer their built-in ones with every message) but not require a call.
+_TOOL_CHOICES_ANSWERED = (None, "none", "auto")
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -114,6 +127,12 @@ class ChatCompletionRequest(BaseModel):
     user: str | None = Field(None, max_length=256)
     # vLLM's extra, which its benchmark client sends: generate exactly max_tokens
     ignore_eos: bool = False
+    # offered tools are accepted and never called (see _TOOL_CHOICES_ANSWERED)
+    tools: list[ToolDefinition] | None = Field(None, max_length=128)
+    tool_choice: str | dict[str, object] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[FunctionDefinition] | None = Field(None, max_length=128)  # (deprecated)
+    function_call: str | dict[str, object] | None = None  # (deprecated form of tool_choice)
     # rag-stream's extras
     top_k: int | None = Field(None, ge=0, le=TOP_K_CEILING)
     mmr: bool = False
@@ -129,6 +148,16 @@ class ChatCompletionRequest(BaseModel):
             if value is not None and value not in _NEUTRAL[name]:
                 raise UnsupportedParameter(
                     name, f"{name} is not supported by this server (only its default is accepted)"
+                )
+        for name, choice in (
+            ("tool_choice", self.tool_choice),
+            ("function_call", self.function_call),
+        ):
+            if choice not in _TOOL_CHOICES_ANSWERED:
+                raise UnsupportedParameter(
+                    name,
+                    f"{name} must be 'auto' or 'none': this server answers in text and calls no "
+                    "tools, so it cannot honour a required or named tool call",
                 )
         if self.n != 1:
             raise UnsupportedParameter("n", f"n must be 1 (one choice per request), got {self.n}")

@@ -96,3 +96,37 @@ async def test_an_unknown_mode_is_refused_naming_the_field(
     r = await client.post("/v1/chat/completions", json=chat)
     assert 400 <= r.status_code < 500, r.text
     assert r.json()["error"]["param"] == "mode"
+
+
+# Open WebUI offers its built-in tools with every message (tool_choice left to the model).
+OFFERED_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": name, "parameters": {"type": "object", "properties": {}}},
+    }
+    for name in ("get_current_timestamp", "search_notes", "add_memory")
+]
+
+
+async def test_chat_with_offered_tools_answers_in_text_on_both_models(
+    client: httpx.AsyncClient, kb: str
+) -> None:
+    models = (await client.get("/v1/models")).json()["data"]
+    for model in (models[0]["id"], f"kb:{kb}"):
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Which birds wade in rivers?"}],
+            "max_tokens": 4,
+            "tools": OFFERED_TOOLS,
+            "tool_choice": "auto",
+            "parallel_tool_calls": True,
+        }
+        r = await client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        message = r.json()["choices"][0]["message"]
+        assert message["content"] and not message.get("tool_calls"), message
+        required = await client.post(
+            "/v1/chat/completions", json={**body, "tool_choice": "required"}
+        )
+        assert required.status_code == 400, required.text
+        assert required.json()["error"]["param"] == "tool_choice"

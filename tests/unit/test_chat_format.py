@@ -162,7 +162,9 @@ def _request(**fields: Any) -> dict[str, Any]:
     [
         ({"n": 3}, "n"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tool_choice": "required", "tools": [{"function": {"name": "f"}}]}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"function_call": {"name": "f"}}, "function_call"),
         ({"unheard_of": True}, "unheard_of"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
@@ -201,3 +203,20 @@ def test_defaults_of_unsupported_fields_pass() -> None:
         )
     )
     assert body.stops == ["END"] and body.messages[0].text == "hello"
+
+
+def test_offered_tools_are_accepted_when_no_call_is_required() -> None:
+    # what Open WebUI sends with every message: its built-in tools, the choice left to the model
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_current_timestamp",
+            "description": "the time now",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+    for choice in ({}, {"tool_choice": "auto"}, {"tool_choice": "none"}):
+        body = ChatCompletionRequest.model_validate(
+            _request(tools=[tool] * 36, parallel_tool_calls=True, **choice)
+        )
+        assert body.tools is not None and body.tools[0].function.name == "get_current_timestamp"
