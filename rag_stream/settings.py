@@ -420,6 +420,13 @@ class StreamingSettings(BaseModel):
         description="A stream (not a detached job) that no reader anywhere has followed for this "
         "long stops generating; 0: never.",
     )
+    chat_abandon_after_s: float = Field(
+        3.0,
+        ge=0,
+        description="A chat-completions stream stops this long after its last reader left, "
+        "unless one comes back: the Stop of chat clients that can only close the connection "
+        "(a reconnect within it resumes); 0: as other streams (abandon_after_s).",
+    )
     retention_s: int = Field(
         3600,
         ge=1,

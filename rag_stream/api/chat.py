@@ -126,6 +126,8 @@ async def _launch(
     """A ``generate`` stream of the chat (the engine's model), or an ``answer`` stream on
     ``kb``; either remembers its wire, so a resume renders it as chat chunks again."""
     streams, kinds = resources.streams, resources.kinds
+    # a client that closes the connection to stop (its only Stop) stops the engine soon
+    abandon_after_s = resources.settings.streaming.chat_abandon_after_s or None
     if kb is None:
         prompt = prompt_from_chat(body, sampling, coalesce)
         launched = await streams.launch(
@@ -134,6 +136,7 @@ async def _launch(
             tenant=tenant,
             priority=body.priority,
             wire=wire.model_dump_json(),
+            abandon_after_s=abandon_after_s,
         )
         return launched.stream_id
     question = question_from_chat(body, kb, sampling, coalesce)
@@ -144,6 +147,7 @@ async def _launch(
             tenant=tenant,
             priority=body.priority,
             wire=wire.model_dump_json(),
+            abandon_after_s=abandon_after_s,
         )
     except NotFound:
         raise ModelNotFound(

@@ -53,6 +53,7 @@ class StreamMeta:
     lease_owner: str | None
     last_event_id: int
     detached: bool = False  # see NewStream
+    abandon_after_s: float | None = None  # see NewStream
 
     @classmethod
     def from_fields(
@@ -78,6 +79,7 @@ class StreamMeta:
             lease_owner=lease_owner,
             last_event_id=last_event_id,
             detached=fields.get("detached") == "1",
+            abandon_after_s=_seconds(fields.get("abandon_after_s")),
         )
 
     @property
@@ -89,7 +91,15 @@ class StreamMeta:
             wire=self.wire,
             tenant=self.tenant,
             detached=self.detached,
+            abandon_after_s=self.abandon_after_s,
         )
+
+
+def _seconds(field: str | None) -> float | None:
+    try:
+        return None if field is None else float(field)
+    except ValueError:
+        return None  # unreadable: the service's default applies
 
 
 @dataclass(frozen=True)
@@ -115,6 +125,8 @@ class NewStream:
     tenant: str = LOCAL_TENANT
     # Runs whether or not anyone reads it (a background job): never ended as abandoned.
     detached: bool = False
+    # Ended as abandoned this long after its last reader left; None: streaming.abandon_after_s.
+    abandon_after_s: float | None = None
 
     def fields(self) -> dict[str, str]:
         fields = {
@@ -127,6 +139,8 @@ class NewStream:
             fields["wire"] = self.wire
         if self.detached:
             fields["detached"] = "1"
+        if self.abandon_after_s is not None:
+            fields["abandon_after_s"] = repr(self.abandon_after_s)
         return fields
 
 

@@ -66,10 +66,12 @@ class Producers:
         ticket: Ticket | None = None,
         tenant: str = LOCAL_TENANT,
         detached: bool = False,
+        abandon_after_s: float | None = None,
     ) -> str:
         """Create a stream of ``kind`` and run its first producer; return the stream id.
         ``wire`` is stored with it for the API layer (the format a resume renders); with a
-        ``ticket`` the producer waits for a generation slot first (see admission.py)."""
+        ``ticket`` the producer waits for a generation slot first (see admission.py);
+        ``abandon_after_s`` is its own window (NewStream)."""
         sid = new_stream_id()
         first = StreamStarted(
             id=0,
@@ -85,6 +87,7 @@ class Producers:
             wire=wire,
             tenant=tenant,
             detached=detached,
+            abandon_after_s=abandon_after_s,
         )
         await self.event_log.create(sid, first, new, self.owner, self.cfg.lease_ms)
         if (plan := producer.initial_plan) is not None:
@@ -131,6 +134,7 @@ class Producers:
             publish=lambda events: feeds.publish(sid, events),
             local_seen_ms=lambda: feeds.local_seen_ms(sid),
             abandonable=not new.detached,
+            abandon_after_s=new.abandon_after_s,
         )
         try:
             # the writer renews the lease while the stream waits for its generation slot

@@ -82,18 +82,26 @@ class Streams:
         tenant: str,
         priority: Priority,
         wire: str | None = None,
+        abandon_after_s: float | None = None,
     ) -> Launched[ProducerT]:
         """Start a stream of ``kind`` for ``intent``: a ticket first (429 before any work when
         this process, or the tenant, is full), then ``kind.accept``, then the stream waits for a
         generation slot in the class its accepted run needs (a long prompt: ``batch``).
         ``wire`` (opaque here) tells a later resume how the API renders the stream; only
-        ``tenant`` may read, resume or cancel it."""
+        ``tenant`` may read, resume or cancel it; ``abandon_after_s``: how long after its last
+        reader left it stops (None: ``streaming.abandon_after_s``)."""
         async with self.admission.ticket(priority, tenant) as ticket:
             producer = await kind.accept(intent, tenant)
             ticket.priority = producer.priority
             try:
                 sid = await self.producers.start(
-                    kind, producer, wire, ticket, tenant, detached=kind.detached
+                    kind,
+                    producer,
+                    wire,
+                    ticket,
+                    tenant,
+                    detached=kind.detached,
+                    abandon_after_s=abandon_after_s,
                 )
             except Exception as exc:
                 await kind.not_started(producer, exc)

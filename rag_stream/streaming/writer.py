@@ -41,9 +41,12 @@ class StreamWriter:
         publish: Callable[[Sequence[Event]], None],
         local_seen_ms: Callable[[], int],
         abandonable: bool = True,
+        abandon_after_s: float | None = None,
     ) -> None:
         self._flusher = flusher
         self._abandonable = abandonable  # False: a detached stream (NewStream.detached)
+        # this stream's own window (NewStream.abandon_after_s), else the service's
+        self._abandon_after_s = cfg.abandon_after_s if abandon_after_s is None else abandon_after_s
         self._sid = stream_id
         self._owner = owner
         self._cfg = cfg
@@ -106,7 +109,7 @@ class StreamWriter:
 
     def _abandoned(self, seen_ms: int) -> bool:
         """No reader anywhere (this process's, or another's heartbeat in the log) for a while."""
-        limit = self._cfg.abandon_after_s
+        limit = self._abandon_after_s
         if not self._abandonable or limit <= 0:
             return False
         seen = max(seen_ms, self._local_seen_ms())
