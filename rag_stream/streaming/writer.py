@@ -47,6 +47,9 @@ class StreamWriter:
         self._abandonable = abandonable  # False: a detached stream (NewStream.detached)
         # this stream's own window (NewStream.abandon_after_s), else the service's
         self._abandon_after_s = cfg.abandon_after_s if abandon_after_s is None else abandon_after_s
+        # readers get the whole window from this run's start: after a takeover, those of the
+        # dead process could not have come back before it
+        self._since_ms = now_ms()
         self._sid = stream_id
         self._owner = owner
         self._cfg = cfg
@@ -112,8 +115,8 @@ class StreamWriter:
         limit = self._abandon_after_s
         if not self._abandonable or limit <= 0:
             return False
-        seen = max(seen_ms, self._local_seen_ms())
-        return seen > 0 and now_ms() - seen > limit * 1000
+        seen = max(seen_ms, self._local_seen_ms(), self._since_ms)
+        return now_ms() - seen > limit * 1000
 
     def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Run ``callback`` when the stream must stop (cancel, abandon, lost lease or log)."""

@@ -177,9 +177,11 @@ def test_kill_9_mid_stream_then_resume_gives_the_uninterrupted_text(
         _assert_interrupted(survivor, first)
         _assert_interrupted(survivor, coalesced)
         _assert_chat_interrupted(survivor, chat)
+        # the chat client first: a chat stream with no reader ends after a short grace
+        # (streaming.chat_abandon_after_s, from the takeover on), the others after 30 s
+        _check_chat_takeover(survivor, chat, expected_chat)
         _check_takeover(_resume(survivor, first), expected, survivor, tokenizer)
         _check_coalesced_takeover(_resume(survivor, coalesced), expected_coalesced)
-        _check_chat_takeover(survivor, chat, expected_chat)
     finally:
         for server in (survivor, victim):
             server.stop()
