@@ -23,7 +23,6 @@ from redis.asyncio import Redis
 from starlette.types import Receive, Scope, Send
 
 from rag_stream.api import (
-    chat,
     conversations,
     documents,
     health,
@@ -43,10 +42,11 @@ from rag_stream.generation.engine import Engine
 from rag_stream.generation.slot import EngineSlot
 from rag_stream.ingest.sample_kb import start_sample_kb
 from rag_stream.ingest.service import Ingestor
-from rag_stream.kinds.base import KindDeps, KindSet
+from rag_stream.kinds.base import KindDeps
 from rag_stream.kinds.registry import KINDS
 from rag_stream.malloc_arenas import limit_malloc_arenas
 from rag_stream.metrics import Metrics
+from rag_stream.openai import routes as openai_routes
 from rag_stream.resources import Resources
 from rag_stream.retrieval.embedder import Embedder, load_embedder
 from rag_stream.retrieval.retriever import Retriever
@@ -62,6 +62,7 @@ from rag_stream.streaming.coalesce import (
     remember_socket,
 )
 from rag_stream.streaming.event_log import EventLog
+from rag_stream.streaming.kinds import KindSet
 from rag_stream.streaming.memory_log import MemoryEventLog
 from rag_stream.streaming.quotas import Quotas
 from rag_stream.streaming.redis_conn import open_redis
@@ -279,7 +280,7 @@ def create_app(
     )
     for module in (
         health,
-        chat,
+        openai_routes,  # chat completions and models, over the generate and answer kinds
         streams,
         conversations,
         metrics_api,

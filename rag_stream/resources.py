@@ -11,7 +11,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from rag_stream.generation.engine import Engine
 from rag_stream.generation.slot import EngineSlot
 from rag_stream.ingest.service import Ingestor
-from rag_stream.kinds.base import KindSet
 from rag_stream.metrics import Metrics
 from rag_stream.retrieval.embedder import Embedder
 from rag_stream.retrieval.retriever import Retriever
@@ -19,6 +18,7 @@ from rag_stream.retrieval.vector_store import VectorStore
 from rag_stream.settings import Settings
 from rag_stream.store.keys import KeyRing
 from rag_stream.streaming.coalesce import CoalescePolicy
+from rag_stream.streaming.kinds import KindSet
 from rag_stream.streaming.quotas import Quotas
 from rag_stream.streaming.redis_conn import RedisHandle
 from rag_stream.streaming.service import Streams

@@ -27,7 +27,7 @@ from urllib.parse import quote
 from pydantic import ValidationError
 
 from rag_stream.errors import IncompatiblePlan
-from rag_stream.kinds.markers import markers
+from rag_stream.generation.markers import markers
 from rag_stream.schemas.events import (
     Citation,
     CitationBody,

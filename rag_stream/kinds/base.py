@@ -1,10 +1,10 @@
 """What every kind of stream shares: its dependencies, the rule for continuing a stream here,
 reading its saved plan back, and how it is registered (``KindSlice``, listed in
-``registry.py``)."""
+``registry.py``; the running kinds are a ``streaming.kinds.KindSet``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -20,7 +20,6 @@ from rag_stream.streaming.event_log import StreamMeta
 from rag_stream.streaming.kinds import StreamKind, plan_error
 
 PlanT = TypeVar("PlanT")
-K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -76,19 +75,3 @@ class KindSlice:
 
     build: Callable[[KindDeps], StreamKind]
     router: APIRouter
-
-
-class KindSet:
-    """The running kinds, found by their class (a route asks for the kind it serves)."""
-
-    def __init__(self, kinds: Sequence[StreamKind]) -> None:
-        self._kinds = list(kinds)
-
-    def __iter__(self) -> Iterator[StreamKind]:
-        return iter(self._kinds)
-
-    def get(self, cls: type[K]) -> K:
-        for kind in self._kinds:
-            if isinstance(kind, cls):
-                return kind
-        raise LookupError(f"no {cls.__name__} is registered (rag_stream/kinds/registry.py)")

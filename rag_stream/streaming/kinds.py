@@ -18,7 +18,7 @@ same kind again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -31,6 +31,7 @@ from rag_stream.streaming.event_log import StreamMeta
 
 IntentT = TypeVar("IntentT", contravariant=True)
 ProducerT = TypeVar("ProducerT", bound="Producer")
+K = TypeVar("K")
 
 
 class Producer(Protocol):
@@ -122,3 +123,21 @@ class KindRegistry:
 
     def get(self, name: str) -> StreamKind | None:
         return self._kinds.get(name)
+
+
+class KindSet:
+    """The running kinds, found by their class (a route asks for the kind it serves)."""
+
+    def __init__(self, kinds: Sequence[StreamKind]) -> None:
+        self._kinds = list(kinds)
+
+    def __iter__(self) -> Iterator[StreamKind]:
+        return iter(self._kinds)
+
+    def get(self, cls: type[K]) -> K:
+        for kind in self._kinds:
+            if isinstance(kind, cls):
+                return kind
+        raise LookupError(
+            f"no {cls.__name__} is registered (rag_stream/kinds/registry.py lists them)"
+        )

@@ -115,7 +115,7 @@ async def test_a_plan_from_another_version_ends_the_stream_with_a_clear_error() 
 
 
 def test_cited_markers_are_the_answers_markers_that_name_a_source() -> None:
-    from rag_stream.kinds.markers import cited_markers
+    from rag_stream.generation.markers import cited_markers
 
     sources = range(1, 4)
     text = "Herons [2] nest in the delta [1][2]; see also [9] and [0] and [ 3]."

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from rag_stream.errors import InvalidRequest, PayloadTooLarge, StartInterrupted
+from rag_stream.generation.markers import cited_markers
 from rag_stream.generation.priority import ENGINE_PRIORITY, PriorityClass, priority_class
 from rag_stream.generation.prompt import Turn, layout
 from rag_stream.generation.sampling import fit_to_window
@@ -28,7 +29,6 @@ from rag_stream.kinds.answer.intent import Question
 from rag_stream.kinds.answer.plans import SAVED_PLANS, AnswerJob, AnswerPlan, QuestionPlan
 from rag_stream.kinds.answer.sources import Retrieved, retrieve_while_prefilling
 from rag_stream.kinds.base import BaseKind
-from rag_stream.kinds.markers import cited_markers
 from rag_stream.kinds.tokens import TokenOutput, token_phase
 from rag_stream.retrieval.retriever import SearchHit
 from rag_stream.schemas.events import (

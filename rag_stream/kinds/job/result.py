@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from urllib.parse import quote
 
-from rag_stream.kinds.markers import cited_markers
+from rag_stream.generation.markers import cited_markers
 from rag_stream.schemas.events import FinishReason
 from rag_stream.schemas.jobs import (
     FINISHED,

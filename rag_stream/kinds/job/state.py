@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rag_stream.kinds.markers import cited_markers
+from rag_stream.generation.markers import cited_markers
 from rag_stream.schemas.events import (
     Citation,
     CitationBody,
