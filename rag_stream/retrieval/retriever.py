@@ -17,6 +17,7 @@ from rag_stream.retrieval.embedder import Embedder
 from rag_stream.retrieval.mmr import mmr_order
 from rag_stream.retrieval.sparse import SparseEncoder
 from rag_stream.retrieval.vector_store import VectorHit, VectorQuery, VectorStore
+from rag_stream.schemas.events import CitationBody
 from rag_stream.schemas.kbs import MetaValue, SearchMode
 from rag_stream.store.repositories import live_chunks, resolve_kb
 
@@ -38,6 +39,19 @@ class SearchHit:
     start: int  # character offsets of the chunk in the document's text
     end: int
     score: float
+
+    def cited_as(self, n: int) -> CitationBody:
+        """This hit as source ``[n]`` of an answer or a job section."""
+        return CitationBody(
+            n=n,
+            chunk_id=self.chunk_id,
+            document_id=self.document_id,
+            title=self.title,
+            heading=self.heading,
+            snippet=self.text,
+            offsets=(self.start, self.end),
+            score=self.score,
+        )
 
 
 class Retriever:

@@ -50,17 +50,7 @@ from rag_stream.streaming.context import StreamContext
 
 
 def _citation(n: int, hit: SearchHit, event_id: int) -> Citation:
-    return Citation(
-        id=event_id,
-        n=n,
-        chunk_id=hit.chunk_id,
-        document_id=hit.document_id,
-        title=hit.title,
-        heading=hit.heading,
-        snippet=hit.text,
-        offsets=(hit.start, hit.end),
-        score=hit.score,
-    )
+    return Citation(id=event_id, **hit.cited_as(n).model_dump())
 
 
 @dataclass

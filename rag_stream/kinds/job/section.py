@@ -93,19 +93,7 @@ async def prepare(
     retrieval_ms = (time.monotonic() - started) * 1000
     tail = state.tail_ids(index, tail_tokens)
     fitted = fit_section(engine, spec, headings, index, tail, hits, state.known_sources())
-    citations = [
-        CitationBody(
-            n=n,
-            chunk_id=hit.chunk_id,
-            document_id=hit.document_id,
-            title=hit.title,
-            heading=hit.heading,
-            snippet=hit.text,
-            offsets=(hit.start, hit.end),
-            score=hit.score,
-        )
-        for n, hit in fitted.cited
-    ]
+    citations = [hit.cited_as(n) for n, hit in fitted.cited]
     sampling = Sampling(
         max_tokens=spec.section_tokens,
         temperature=spec.temperature,
