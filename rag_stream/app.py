@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from redis.asyncio import Redis
 from starlette.types import Receive, Scope, Send
 
+from rag_stream.ai_sdk import routes as ai_sdk_routes
 from rag_stream.api import (
     conversations,
     documents,
@@ -281,6 +282,7 @@ def create_app(
     for module in (
         health,
         openai_routes,  # chat completions and models, over the generate and answer kinds
+        ai_sdk_routes,  # the AI SDK's UI chat, over the same two kinds
         streams,
         conversations,
         metrics_api,

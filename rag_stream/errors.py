@@ -4,6 +4,7 @@ RagStreamError                      500 internal_error
 ├── ConfigError                     (start-up only; printed as one line, never served)
 ├── IncompatiblePlan                500 incompatible_plan (a stream saved by another version)
 ├── InvalidRequest                  422 invalid_request
+│   └── BadRequest                  400 invalid_request (OpenAI's routes: its status for it)
 ├── Unauthorized                    401 invalid_api_key (with WWW-Authenticate: Bearer)
 ├── NotFound                        404 not_found
 │   └── ModelNotFound               404 model_not_found
@@ -48,6 +49,10 @@ class IncompatiblePlan(RagStreamError):
 class InvalidRequest(RagStreamError):
     status_code = 422
     code = "invalid_request"
+
+
+class BadRequest(InvalidRequest):
+    status_code = 400
 
 
 class Unauthorized(RagStreamError):

@@ -58,5 +58,17 @@ fi
 echo "install: preparing models"
 "$VENV/bin/rag-stream" prepare-models
 
+# The AI SDK checks (tests/e2e/test_ai_sdk.py) run the real `ai` package under Node.js: the
+# versions tests/node/package-lock.json pins, installed once (again when the lockfile changes).
+if command -v npm >/dev/null; then
+  if ! cmp -s tests/node/package-lock.json tests/node/node_modules/.installed-lock; then
+    echo "install: the AI SDK test client (npm ci in tests/node)"
+    (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
+    cp tests/node/package-lock.json tests/node/node_modules/.installed-lock
+  fi
+else
+  echo "install: no npm (Node.js 20+): tests/e2e/test_ai_sdk.py fails until it is installed" >&2
+fi
+
 touch "$VENV/.installed"
 echo "install: done in $(( $(date +%s) - started )) s; venv is $(du -sh "$VENV" | cut -f1)"

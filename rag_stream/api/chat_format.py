@@ -6,11 +6,13 @@ One event becomes one or more frames; only the last frame of an event carries th
 
 - ``stream`` (0): the first chunk, ``delta: {role: "assistant", content: ""}``.
 - ``citation`` events (sent together): one chunk with no delta content and the sources, as
-  top-level ``search_results`` and ``citations`` (URLs).
+  top-level ``search_results`` and ``citations`` (URLs); or, for a request that asked for
+  Open WebUI's shape (``X-Rag-Stream-Sources: open-webui``), one chunk per source with no
+  choices and a top-level ``event`` that Open WebUI shows as a numbered source chip.
 - ``token``: ``delta.content``.
-- ``done``: a chunk with ``delta.annotations`` (one ``url_citation`` per ``[n]`` marker in the
-  answer, with its character offsets), the chunk with ``finish_reason``, the usage chunk if the
-  request asked for it, then ``data: [DONE]``.
+- ``done``: a chunk with ``delta.annotations`` (one ``url_citation`` per source the answer
+  cites, in ``n`` order, at its first marker's offsets; none in Open WebUI's shape), the chunk
+  with ``finish_reason``, the usage chunk if the request asked for it, then ``data: [DONE]``.
 - ``error``: ``data: {"error": {...}}`` (what the ``openai`` SDK raises as an APIError), then
   ``[DONE]``.
 
@@ -24,9 +26,6 @@ import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from urllib.parse import quote
 
-from pydantic import ValidationError
-
-from rag_stream.errors import IncompatiblePlan
 from rag_stream.generation.markers import markers
 from rag_stream.schemas.events import (
     Citation,
@@ -50,6 +49,7 @@ from rag_stream.schemas.openai import (
     UrlCitation,
     error_type,
 )
+from rag_stream.schemas.ui_chat import UIWire
 from rag_stream.streaming.collect import Collected
 
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -59,7 +59,8 @@ def completion_id(stream_id: str) -> str:
     return f"chatcmpl-{stream_id}"
 
 
-def chunk_url(wire: ChatWire, citation: CitationBody) -> str:
+def chunk_url(wire: ChatWire | UIWire, citation: CitationBody) -> str:
+    """A source's URL (GET it for the chunk and its document), the same in every wire."""
     kb = quote(wire.kb or "", safe="")
     return f"{wire.chunk_url_base}/v1/kbs/{kb}/chunks/{quote(citation.chunk_id, safe='')}"
 
@@ -70,24 +71,42 @@ def search_result(wire: ChatWire, citation: CitationBody) -> SearchResult:
 
 
 def url_citations(wire: ChatWire, text: str, citations: Sequence[CitationBody]) -> list[Annotation]:
-    """One url_citation per ``[n]`` marker of a known source, at the marker's offsets."""
+    """One url_citation per source the answer cites with a ``[n]`` marker, in ``n`` order, at
+    its first marker's offsets (clients that number sources as they arrive then number them
+    like the markers, and show each once)."""
     by_n = {c.n: c for c in citations}
-    found = []
+    first: dict[int, tuple[int, int]] = {}
     for match in markers(text):
-        cited = by_n.get(int(match.group(1)))
-        if cited is None:
-            continue
-        found.append(
-            Annotation(
-                url_citation=UrlCitation(
-                    url=chunk_url(wire, cited),
-                    title=cited.title,
-                    start_index=match.start(),
-                    end_index=match.end(),
-                )
+        n = int(match.group(1))
+        if n in by_n and n not in first:
+            first[n] = match.span()
+    return [
+        Annotation(
+            url_citation=UrlCitation(
+                url=chunk_url(wire, by_n[n]),
+                title=by_n[n].title,
+                start_index=first[n][0],
+                end_index=first[n][1],
             )
         )
-    return found
+        for n in sorted(first)
+    ]
+
+
+def open_webui_source(wire: ChatWire, citation: CitationBody) -> dict[str, object]:
+    """A source as Open WebUI's ``source`` event: a chip named ``[n] title`` whose window
+    shows the snippet and the score."""
+    url = chunk_url(wire, citation)
+    name = f"[{citation.n}] {citation.title}"
+    return {
+        "type": "source",
+        "data": {
+            "source": {"id": url, "name": name, "url": url},
+            "document": [citation.snippet],
+            "metadata": [{"source": url, "name": name}],
+            "distances": [citation.score],
+        },
+    }
 
 
 def completion_usage(done: Done) -> CompletionUsage:
@@ -177,7 +196,7 @@ class ChatChunks:
 
     def _done(self, done: Done, out: list[bytes]) -> None:
         found = url_citations(self._wire, "".join(self._pieces), self._citations)
-        if found:
+        if found and self._wire.sources != "open-webui":  # its chips came first
             delta = {"annotations": [a.model_dump() for a in found]}
             out.append(self._frame(None, self._choice(delta)))
         reason, stop_reason = finish_reason(done)
@@ -193,13 +212,19 @@ class ChatChunks:
     def _send_sources(self, out: list[bytes]) -> None:
         if not self._unsent:
             return
-        last = self._unsent[-1].id
-        results = [search_result(self._wire, c).model_dump() for c in self._unsent]
+        sent, self._unsent = self._unsent, []
+        if self._wire.sources == "open-webui":  # one event chunk per source; the last has the id
+            for citation in sent:
+                event = _dumps(open_webui_source(self._wire, citation))
+                body = f'{self._head}"choices":[],"event":{event}{self._tail}'
+                event_id = f"id: {citation.id}\n" if citation is sent[-1] else ""
+                out.append(f"{event_id}data: {body}\n\n".encode())
+            return
+        results = [search_result(self._wire, c).model_dump() for c in sent]
         urls = [r["url"] for r in results]
-        self._unsent = []
         extra = f',"search_results":{_dumps(results)},"citations":{_dumps(urls)}'
         body = f'{self._head}"choices":[{self._choice({})}]{extra}{self._tail}'
-        out.append(f"id: {last}\ndata: {body}\n\n".encode())
+        out.append(f"id: {sent[-1].id}\ndata: {body}\n\n".encode())
 
     @staticmethod
     def _choice(delta: Mapping[str, object], reason: str | None = None) -> str:
@@ -224,17 +249,6 @@ async def chat_frames(
         frames = chunks.frames(batch)
         if frames:
             yield frames
-
-
-def chat_wire(stored: str) -> ChatWire:
-    """A chat-completions stream's stored format, as this version reads it."""
-    try:
-        return ChatWire.model_validate_json(stored)
-    except ValidationError:
-        raise IncompatiblePlan(
-            "the stream's response format was stored by another version of the service; it "
-            "cannot be resumed here"
-        ) from None
 
 
 def chat_completion(wire: ChatWire, result: Collected) -> ChatCompletion:

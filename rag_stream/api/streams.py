@@ -6,21 +6,41 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response
+from pydantic import Field, TypeAdapter, ValidationError
 from sse_starlette import EventSourceResponse
 
-from rag_stream.api.chat_format import chat_frames, chat_wire
+from rag_stream.api.chat_format import chat_frames
 from rag_stream.api.cursor import resume_cursor
 from rag_stream.api.deps import SettingsDep, StreamsDep, TenantDep
+from rag_stream.api.ui_format import ui_frames
+from rag_stream.errors import IncompatiblePlan
+from rag_stream.schemas.openai import ChatWire
 from rag_stream.schemas.streams import (
     EVENT_ID_MAX,
     SSE_RESPONSES,
     CancelResponse,
     StreamStatus,
 )
+from rag_stream.schemas.ui_chat import UI_STREAM_HEADERS, UIWire
 from rag_stream.streaming.event_log import StreamMeta
 from rag_stream.streaming.sse import event_stream_response, sse_response
 
 router = APIRouter(tags=["streams"])
+_WIRES: TypeAdapter[ChatWire | UIWire] = TypeAdapter(
+    Annotated[ChatWire | UIWire, Field(discriminator="format")]
+)
+
+
+def stream_wire(stored: str) -> ChatWire | UIWire:
+    """The response format a stream was started in (chat chunks, or the AI SDK's UI parts),
+    as this version reads it."""
+    try:
+        return _WIRES.validate_json(stored)
+    except ValidationError:
+        raise IncompatiblePlan(
+            "the stream's response format was stored by another version of the service; it "
+            "cannot be resumed here"
+        ) from None
 
 
 def _status(meta: StreamMeta) -> StreamStatus:
@@ -67,10 +87,16 @@ async def stream_events(
     if meta.wire is None:
         events = streams.follow_batches(stream_id, cursor)
         return event_stream_response(events, settings.streaming.keepalive_s)
-    # a chat-completions stream: the same chunks again, from its first event (see chat_format)
-    wire = chat_wire(meta.wire)
-    frames = chat_frames(wire, streams.follow_batches(stream_id), after=cursor)
-    return sse_response(frames, settings.streaming.keepalive_s, {"X-Stream-Id": stream_id})
+    # a stream started in another wire: the same frames again, rendered from its first event
+    wire = stream_wire(meta.wire)
+    batches = streams.follow_batches(stream_id)
+    headers = {"X-Stream-Id": stream_id}
+    if isinstance(wire, UIWire):
+        frames = ui_frames(wire, batches, after=cursor)
+        headers |= UI_STREAM_HEADERS
+    else:
+        frames = chat_frames(wire, batches, after=cursor)
+    return sse_response(frames, settings.streaming.keepalive_s, headers)
 
 
 @router.get("/v1/streams/{stream_id}")

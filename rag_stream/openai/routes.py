@@ -19,21 +19,17 @@ from fastapi.responses import JSONResponse, Response
 
 from rag_stream.api.chat_format import chat_completion, chat_frames
 from rag_stream.api.deps import ResourcesDep, TenantDep
-from rag_stream.errors import ModelNotFound, NotFound
-from rag_stream.generation.engine import Sampling
+from rag_stream.errors import BadRequest, ModelNotFound
 from rag_stream.generation.sampling import sampling_for
-from rag_stream.kinds.answer.intent import question_from_chat
-from rag_stream.kinds.answer.kind import AnswerKind
-from rag_stream.kinds.generate.intent import prompt_from_chat
-from rag_stream.kinds.generate.kind import GenerateKind
-from rag_stream.resources import Resources
-from rag_stream.schemas.generate import Coalesce
+from rag_stream.openai.chat_launch import kb_of, launch_chat
 from rag_stream.schemas.openai import (
     KB_MODEL_PREFIX,
+    SOURCES_HEADER,
     ChatCompletionRequest,
     ChatWire,
     ModelCard,
     ModelList,
+    SourceShape,
 )
 from rag_stream.store.repositories import list_kbs
 from rag_stream.streaming.collect import collect
@@ -41,19 +37,6 @@ from rag_stream.streaming.sse import sse_response
 
 router = APIRouter(tags=["openai"])
 _STARTED = int(time.time())  # the engine model's "created"
-
-
-def _kb_of(model: str, resources: Resources) -> str | None:
-    """The KB a model id answers from (None: the plain engine model); 404 if unknown."""
-    if model.startswith(KB_MODEL_PREFIX) and len(model) > len(KB_MODEL_PREFIX):
-        return model[len(KB_MODEL_PREFIX) :]
-    if model == resources.engines.get().model_name:
-        return None
-    raise ModelNotFound(
-        f"The model {model!r} does not exist: use the engine's model or kb:<knowledge base> "
-        "(GET /v1/models lists them)",
-        param="model",
-    )
 
 
 @router.get("/v1/models")
@@ -92,17 +75,39 @@ async def model(
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
+    body: ChatCompletionRequest,
+    request: Request,
+    resources: ResourcesDep,
+    tenant: TenantDep,
 ) -> Response:
-    kb = _kb_of(body.model, resources)
+    sources = _source_shape(request.headers.get(SOURCES_HEADER))
+    kb = kb_of(body.model, resources)
     streams = resources.streams
     limits = resources.settings.limits
     asked = sampling_for(limits, body.completion_limit, body.temperature, body.top_p, body.seed)
     sampling = replace(asked, ignore_eos=body.ignore_eos)
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
     base = str(resources.settings.public_url or request.base_url).rstrip("/")
-    wire = ChatWire(model=body.model, kb=kb, chunk_url_base=base, include_usage=body.include_usage)
-    stream_id = await _launch(resources, body, kb, sampling, coalesce, wire, tenant)
+    wire = ChatWire(
+        model=body.model,
+        kb=kb,
+        chunk_url_base=base,
+        include_usage=body.include_usage,
+        sources=sources,
+    )
+    stream_id = await launch_chat(
+        resources,
+        body,
+        body.model,
+        kb,
+        sampling,
+        coalesce,
+        tenant=tenant,
+        priority=body.priority,
+        wire=wire.model_dump_json(),
+        # a client that closes the connection to stop (its only Stop) stops the engine soon
+        abandon_after_s=resources.settings.streaming.chat_abandon_after_s or None,
+    )
     headers = {"X-Stream-Id": stream_id}
     if body.stream:
         return sse_response(
@@ -114,45 +119,14 @@ async def chat_completions(
     return JSONResponse(completion.model_dump(), headers=headers)
 
 
-async def _launch(
-    resources: Resources,
-    body: ChatCompletionRequest,
-    kb: str | None,
-    sampling: Sampling,
-    coalesce: Coalesce,
-    wire: ChatWire,
-    tenant: str,
-) -> str:
-    """A ``generate`` stream of the chat (the engine's model), or an ``answer`` stream on
-    ``kb``; either remembers its wire, so a resume renders it as chat chunks again."""
-    streams, kinds = resources.streams, resources.kinds
-    # a client that closes the connection to stop (its only Stop) stops the engine soon
-    abandon_after_s = resources.settings.streaming.chat_abandon_after_s or None
-    if kb is None:
-        prompt = prompt_from_chat(body, sampling, coalesce)
-        launched = await streams.launch(
-            kinds.get(GenerateKind),
-            prompt,
-            tenant=tenant,
-            priority=body.priority,
-            wire=wire.model_dump_json(),
-            abandon_after_s=abandon_after_s,
-        )
-        return launched.stream_id
-    question = question_from_chat(body, kb, sampling, coalesce)
-    try:  # the KB is the only thing a question names that may not exist
-        answered = await streams.launch(
-            kinds.get(AnswerKind),
-            question,
-            tenant=tenant,
-            priority=body.priority,
-            wire=wire.model_dump_json(),
-            abandon_after_s=abandon_after_s,
-        )
-    except NotFound:
-        raise ModelNotFound(
-            f"The model {body.model!r} does not exist: there is no knowledge base "
-            f"{kb!r} (GET /v1/models lists the models)",
-            param="model",
-        ) from None
-    return answered.stream_id
+def _source_shape(asked: str | None) -> SourceShape:
+    """How the client asked for its sources (``X-Rag-Stream-Sources``; see ChatWire). Read
+    here rather than declared, so the operation's OpenAPI description stays OpenAI's."""
+    if asked is None or asked.strip() == "search_results":
+        return "search_results"
+    if asked.strip() == "open-webui":
+        return "open-webui"
+    raise BadRequest(
+        f"{SOURCES_HEADER} must be 'search_results' or 'open-webui', got {asked[:40]!r}",
+        param=SOURCES_HEADER,
+    )

@@ -20,6 +20,9 @@ from rag_stream.schemas.generate import CoalesceOption, MaxTokens, Priority, See
 from rag_stream.schemas.kbs import SearchMode
 
 KB_MODEL_PREFIX = "kb:"
+# The header a chat client sends to get its sources in the shape it shows (see ChatWire).
+SOURCES_HEADER = "X-Rag-Stream-Sources"
+SourceShape = Literal["search_results", "open-webui"]
 # Where errors take OpenAI's statuses too (400 for a bad request, not 422).
 OPENAI_PATHS = ("/v1/chat/", "/v1/models")
 
@@ -207,6 +210,9 @@ class ChatWire(BaseModel):
     kb: str | None  # the KB name behind a kb: model
     chunk_url_base: str  # citation URLs: <base>/v1/kbs/<kb>/chunks/<chunk_id>
     include_usage: bool = False
+    # how the sources go out before the answer: ``search_results`` (every client), or one
+    # Open WebUI ``source`` event chunk per source, which its page shows as numbered chips
+    sources: SourceShape = "search_results"
 
 
 # -- responses -----------------------------------------------------------------------------

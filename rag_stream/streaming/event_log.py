@@ -127,6 +127,8 @@ class NewStream:
     detached: bool = False
     # Ended as abandoned this long after its last reader left; None: streaming.abandon_after_s.
     abandon_after_s: float | None = None
+    # A name its tenant also finds it by (an AI SDK chat's id): the latest stream named so.
+    alias: str | None = None
 
     def fields(self) -> dict[str, str]:
         fields = {
@@ -166,6 +168,10 @@ class EventLog(Protocol):
         ...
 
     async def meta(self, stream_id: str) -> StreamMeta | None: ...
+
+    async def named(self, tenant: str, alias: str) -> str | None:
+        """The id of ``tenant``'s latest stream created with ``alias`` (NewStream), if any."""
+        ...
 
     async def set_plan(self, stream_id: str, plan_json: str) -> None: ...
 

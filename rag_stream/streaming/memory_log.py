@@ -47,6 +47,7 @@ class MemoryEventLog:
     def __init__(self) -> None:
         self._streams: dict[str, _Stream] = {}
         self._retired: set[str] = set()
+        self._aliases: dict[tuple[str, str], str] = {}
         self._changed = asyncio.Event()
 
     def _notify(self) -> None:
@@ -60,7 +61,12 @@ class MemoryEventLog:
         stream.owner, stream.lease_until = owner, time.monotonic() + lease_ms / 1000
         stream.add([first])
         self._streams[stream_id] = stream
+        if new.alias is not None:
+            self._aliases[new.tenant, new.alias] = stream_id
         self._notify()
+
+    async def named(self, tenant: str, alias: str) -> str | None:
+        return self._aliases.get((tenant, alias))
 
     async def append(self, batches: Sequence[Append]) -> list[AppendResult]:
         return [self._append(batch) for batch in batches]

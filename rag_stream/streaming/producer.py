@@ -67,11 +67,12 @@ class Producers:
         tenant: str = LOCAL_TENANT,
         detached: bool = False,
         abandon_after_s: float | None = None,
+        alias: str | None = None,
     ) -> str:
         """Create a stream of ``kind`` and run its first producer; return the stream id.
         ``wire`` is stored with it for the API layer (the format a resume renders); with a
         ``ticket`` the producer waits for a generation slot first (see admission.py);
-        ``abandon_after_s`` is its own window (NewStream)."""
+        ``abandon_after_s`` is its own window and ``alias`` another name for it (NewStream)."""
         sid = new_stream_id()
         first = StreamStarted(
             id=0,
@@ -88,6 +89,7 @@ class Producers:
             tenant=tenant,
             detached=detached,
             abandon_after_s=abandon_after_s,
+            alias=alias,
         )
         await self.event_log.create(sid, first, new, self.owner, self.cfg.lease_ms)
         if (plan := producer.initial_plan) is not None:

@@ -83,13 +83,15 @@ class Streams:
         priority: Priority,
         wire: str | None = None,
         abandon_after_s: float | None = None,
+        alias: str | None = None,
     ) -> Launched[ProducerT]:
         """Start a stream of ``kind`` for ``intent``: a ticket first (429 before any work when
         this process, or the tenant, is full), then ``kind.accept``, then the stream waits for a
         generation slot in the class its accepted run needs (a long prompt: ``batch``).
         ``wire`` (opaque here) tells a later resume how the API renders the stream; only
         ``tenant`` may read, resume or cancel it; ``abandon_after_s``: how long after its last
-        reader left it stops (None: ``streaming.abandon_after_s``)."""
+        reader left it stops (None: ``streaming.abandon_after_s``); ``alias``: a name the tenant
+        also finds it by (``named``), such as a chat's id."""
         async with self.admission.ticket(priority, tenant) as ticket:
             producer = await kind.accept(intent, tenant)
             ticket.priority = producer.priority
@@ -102,6 +104,7 @@ class Streams:
                     tenant,
                     detached=kind.detached,
                     abandon_after_s=abandon_after_s,
+                    alias=alias,
                 )
             except Exception as exc:
                 await kind.not_started(producer, exc)
@@ -134,6 +137,15 @@ class Streams:
         except RedisError as exc:
             raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
         return events[-1] if events else None
+
+    async def named(self, alias: str, *, tenant: str) -> StreamMeta | None:
+        """The meta of ``tenant``'s latest stream launched with ``alias``, if it is still kept."""
+        try:
+            sid = await self.event_log.named(tenant, alias)
+            meta = None if sid is None else await self.event_log.meta(sid)
+        except RedisError as exc:
+            raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
+        return meta if meta is not None and meta.tenant == tenant else None
 
     async def check_cursor(self, sid: str, cursor: int, *, tenant: str) -> StreamMeta:
         """The stream's meta, once a reader's cursor (-1: from the start) is checked against

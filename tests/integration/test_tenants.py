@@ -121,6 +121,7 @@ def _path(route: tuple[str, str]) -> str:
         conversation_id="x",
         model_id="x",
         job_id="x",
+        chat_id="x",
     )
 
 

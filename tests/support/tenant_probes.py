@@ -331,6 +331,44 @@ def chat_completions(w: World) -> None:
     assert {s["document_id"] for s in r.json()["search_results"]} <= w.beta_doc_ids
 
 
+def _ui_chat(chat_id: str, model: str, max_tokens: int) -> dict[str, Any]:
+    text = f"Herons? {ALPHA_WORD}"
+    return {
+        "id": chat_id,
+        "messages": [{"id": "u", "role": "user", "parts": [{"type": "text", "text": text}]}],
+        "model": model,
+        "max_tokens": max_tokens,
+    }
+
+
+def ui_chat(w: World) -> None:
+    for client, model in ((w.gamma, f"kb:{w.kb}"), (w.beta, f"kb:{w.kb_id}")):
+        _not_found(w, client.post("/v1/ui/chat", json=_ui_chat("c", model, 4)))
+    # kb:<the shared name> is beta's own KB for beta: its sources are beta's
+    r = w.beta.post("/v1/ui/chat", json=_ui_chat("c", f"kb:{w.kb}", 4))
+    _nothing_of_alphas(w, r)
+    assert '"source-url"' in r.text and r.text.count('"documentId"') == len(w.beta_doc_ids)
+
+
+def ui_chat_resume(w: World) -> None:
+    """A chat's id is the client's own name: another tenant's chat of the same id is not it."""
+    chat_id = f"chat-{uuid.uuid4().hex[:8]}"
+    model = ok(w.alpha.get("/v1/models"))["data"][0]["id"]  # the engine's: a long stream
+    with w.alpha.stream("POST", "/v1/ui/chat", json=_ui_chat(chat_id, model, 4000)) as r:
+        assert r.status_code == 200, r.read()
+        running = r.headers["X-Stream-Id"]
+    assert ok(w.alpha.get(f"/v1/streams/{running}"))["status"] == "running"
+    for client in (w.beta, w.gamma):  # what a chat with nothing running gets
+        r = client.get(f"/v1/ui/chat/{chat_id}/stream")
+        assert r.status_code == 204 and r.content == b"", r.text
+    # beta's own chat of that id is beta's; alpha's stays alpha's
+    r = w.beta.post("/v1/ui/chat", json=_ui_chat(chat_id, model, 4))
+    assert r.status_code == 200 and r.headers["X-Stream-Id"] != running
+    with w.alpha.stream("GET", f"/v1/ui/chat/{chat_id}/stream") as r:
+        assert r.status_code == 200 and r.headers["X-Stream-Id"] == running
+    assert ok(w.alpha.post(f"/v1/streams/{running}/cancel"))["cancelled"] is True
+
+
 def models_list(w: World) -> None:
     ids = [m["id"] for m in ok(w.gamma.get("/v1/models"))["data"]]
     assert ids and f"kb:{w.kb}" not in ids
@@ -431,6 +469,8 @@ CROSS_TENANT: dict[tuple[str, str], Callable[[World], None]] = {
     ("GET", "/v1/conversations"): conversations_list,
     ("POST", "/v1/chat/completions"): chat_completions,
     ("GET", "/v1/models"): models_list,
+    ("POST", "/v1/ui/chat"): ui_chat,
+    ("GET", "/v1/ui/chat/{chat_id}/stream"): ui_chat_resume,
     ("GET", "/v1/models/{model_id}"): model_get,
     ("GET", "/v1/usage"): usage,
     ("POST", "/v1/jobs"): jobs_create,

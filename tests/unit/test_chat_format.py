@@ -109,6 +109,66 @@ def test_a_stream_renders_as_openai_chunks() -> None:
     }
 
 
+def _answer(pieces: list[str], sources: int = 3) -> list[Event]:
+    cites = [_citation(1 + i, 1 + i) for i in range(sources)]
+    first = 1 + sources
+    tokens = [Token(id=first + i, index=i, text=p, token_ids=[i]) for i, p in enumerate(pieces)]
+    done = Done(id=first + len(pieces), finish_reason="stop")
+    return [StreamStarted(id=0, stream_id="S", model="m", created=1.0), *cites, *tokens, done]
+
+
+def _annotations(frames: list[tuple[str | None, Any]]) -> list[dict[str, Any]]:
+    return [
+        a["url_citation"]
+        for _, data in frames
+        if isinstance(data, dict) and data.get("choices")
+        for a in data["choices"][0]["delta"].get("annotations", [])
+    ]
+
+
+def test_annotations_name_each_cited_source_once_in_n_order() -> None:
+    # Open WebUI numbers sources as they arrive: "[3] ... [1] ... [3]" must still give 1 then 3
+    text = ["See [3]", " then [1]", " and [3] again."]
+    frames = _parse(ChatChunks(WIRE).frames(_answer(text)))
+    marks = _annotations(frames)
+    assert [m["title"] for m in marks] == ["T1", "T3"]
+    whole = "".join(text)
+    assert [whole[m["start_index"] : m["end_index"]] for m in marks] == ["[1]", "[3]"]
+    assert marks[1]["start_index"] == whole.index("[3]")  # the first [3]
+
+
+def test_open_webui_shape_sends_one_source_event_per_source_before_the_answer() -> None:
+    wire = WIRE.model_copy(update={"sources": "open-webui"})
+    frames = _parse(ChatChunks(wire).frames(_answer(["No markers at all."])))
+    events = [data["event"] for _, data in frames if isinstance(data, dict) and "event" in data]
+    first_content = next(
+        i
+        for i, (_, d) in enumerate(frames)
+        if isinstance(d, dict) and d.get("choices") and d["choices"][0]["delta"].get("content")
+    )
+    event_at = [i for i, (_, d) in enumerate(frames) if isinstance(d, dict) and "event" in d]
+    assert event_at and max(event_at) < first_content  # every chip before the first token
+    assert [e["type"] for e in events] == ["source"] * 3
+    first = events[0]["data"]
+    url = "http://h:1/v1/kbs/docs/chunks/c1"
+    assert first["source"] == {"id": url, "name": "[1] T1", "url": url}
+    assert first["document"] == ["snippet 1"] and first["distances"] == [1.0]
+    assert first["metadata"] == [{"source": url, "name": "[1] T1"}]
+    assert [e["data"]["source"]["name"] for e in events] == ["[1] T1", "[2] T2", "[3] T3"]
+    # no choices in those chunks, and only the last one carries an event id (the last source's)
+    chunks = [frames[i] for i in event_at]
+    assert all(d["choices"] == [] for _, d in chunks)
+    assert [i for i, _ in chunks] == [None, None, "3"]
+    assert not any("search_results" in d for _, d in frames if isinstance(d, dict))
+
+
+def test_open_webui_shape_has_no_annotations_its_chips_came_first() -> None:
+    wire = WIRE.model_copy(update={"sources": "open-webui"})
+    frames = _parse(ChatChunks(wire).frames(_answer(["Cited [2]", " and [1]."])))
+    assert _annotations(frames) == []
+    assert frames[-1][1] == "[DONE]"
+
+
 @pytest.mark.parametrize("cursor", [0, 2, 5, 8])
 def test_a_resume_shows_only_what_follows_the_cursor_and_the_same_end(cursor: int) -> None:
     events = _events()

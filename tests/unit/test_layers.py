@@ -39,11 +39,12 @@ LAYERS: dict[str, int] = {
     "api": 8,  # dependencies, shared route helpers, routes of no kind, the chat chunk format
     "kinds.routes": 9,  # each kind's routes, and the registry that lists the kinds
     "openai": 10,  # OpenAI's chat completions and models: a wire over two kinds
-    "preflight": 11,
-    "prepare": 11,
-    "app": 11,
-    "cli": 12,
-    "__main__": 13,
+    "ai_sdk": 11,  # the AI SDK's UI chat: another wire, on OpenAI's model ids
+    "preflight": 12,
+    "prepare": 12,
+    "app": 12,
+    "cli": 13,
+    "__main__": 14,
 }
 # What a kind's folder may import of rag_stream.kinds besides itself: what all kinds share.
 SHARED_KIND_MODULES = {"base", "plan", "tokens"}

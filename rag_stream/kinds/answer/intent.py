@@ -1,5 +1,6 @@
 """What an ``answer`` stream is asked: a ``Question``, and the translations into one from each
-request that asks it (``/v1/answers``, chat completions on ``kb:<name>``)."""
+request that asks it (``/v1/answers``; a chat on ``kb:<name>``, over chat completions or the AI
+SDK's UI messages)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from rag_stream.generation.priority import PriorityClass
 from rag_stream.generation.prompt import Turn
 from rag_stream.generation.sampling import sampling_for
 from rag_stream.schemas.answers import AnswerRequest
+from rag_stream.schemas.chat import ChatAsk
 from rag_stream.schemas.generate import Coalesce
 from rag_stream.schemas.kbs import SearchMode
-from rag_stream.schemas.openai import ChatCompletionRequest
 from rag_stream.settings import LimitsSettings
 
 
@@ -53,11 +54,10 @@ def question_from_request(
     )
 
 
-def question_from_chat(
-    body: ChatCompletionRequest, kb: str, sampling: Sampling, coalesce: Coalesce
-) -> Question:
-    """A chat completion on ``kb:<name>``: the last message is the question, earlier user and
-    assistant turns the history, and system (or developer) messages follow our system prompt."""
+def question_from_chat(body: ChatAsk, kb: str, sampling: Sampling, coalesce: Coalesce) -> Question:
+    """A chat on ``kb:<name>`` (any wire, schemas/chat.py): the last message is the question,
+    earlier user and assistant turns the history, and system (or developer) messages follow
+    our system prompt."""
     *earlier, last = body.messages
     instructions = "\n\n".join(
         m.text for m in earlier if m.role in ("system", "developer") and m.text.strip()

@@ -1,5 +1,6 @@
 """What a ``generate`` stream is asked: a ``Prompt``, and the translations into one from each
-request that asks for it (``/v1/generate``, chat completions on the engine's model)."""
+request that asks for it (``/v1/generate``; a chat on the engine's model, over chat completions or
+the AI SDK's UI messages)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import dataclass
 from rag_stream.generation.engine import Sampling
 from rag_stream.generation.priority import PriorityClass
 from rag_stream.generation.sampling import sampling_for
+from rag_stream.schemas.chat import ChatAsk
 from rag_stream.schemas.generate import Coalesce, GenerateRequest
-from rag_stream.schemas.openai import ChatCompletionRequest
 from rag_stream.settings import LimitsSettings
 
 
@@ -41,9 +42,9 @@ def prompt_from_request(
     return Prompt(sampling, coalesce, text=body.prompt, priority=body.priority)
 
 
-def prompt_from_chat(body: ChatCompletionRequest, sampling: Sampling, coalesce: Coalesce) -> Prompt:
-    """A chat completion on the engine's model: its messages, a developer message read as the
-    system message it stands for."""
+def prompt_from_chat(body: ChatAsk, sampling: Sampling, coalesce: Coalesce) -> Prompt:
+    """A chat on the engine's model (any wire, schemas/chat.py): its messages, a developer
+    message read as the system message it stands for."""
     messages = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text}
         for m in body.messages
