@@ -10,7 +10,7 @@ models below, one JSON object per SSE ``data:`` line, ending ``data: [DONE]``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -131,7 +131,3 @@ class UIError(BaseModel):
     type: Literal["error"] = "error"
     errorText: str
 
-
-UIPartOut = Annotated[
-    UIStart | UISourceUrl | UIFinish | UIAbort | UIError, Field(discriminator="type")
-]

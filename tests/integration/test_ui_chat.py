@@ -31,6 +31,11 @@ pytestmark = pytest.mark.in_process(
 )
 
 
+@pytest.fixture(scope="module")
+async def kb(in_process_module: InProcess) -> str:
+    return await make_kb(in_process_module.client, DOCS, prefix="ui")
+
+
 def _body(kb: str, chat_id: str | None = None, **extra: Any) -> dict[str, Any]:
     """What DefaultChatTransport sends, with rag-stream's extras."""
     return {
@@ -67,9 +72,10 @@ async def _status(client: httpx.AsyncClient, sid: str) -> dict[str, Any]:
     return status
 
 
-async def test_sources_come_first_then_the_text_then_finish(in_process: InProcess) -> None:
-    client = in_process.client
-    kb = await make_kb(client, DOCS, prefix="ui")
+async def test_sources_come_first_then_the_text_then_finish(
+    in_process_module: InProcess, kb: str
+) -> None:
+    client = in_process_module.client
     r = await client.post("/v1/ui/chat", json=_body(kb, messageId="m-7"))
     assert r.status_code == 200, r.text
     assert r.headers["x-vercel-ai-ui-message-stream"] == "v1"
@@ -99,8 +105,8 @@ async def test_sources_come_first_then_the_text_then_finish(in_process: InProces
     assert _text(parts) == native.json()["answer"]
 
 
-async def test_the_plain_model_streams_text_without_sources(in_process: InProcess) -> None:
-    client = in_process.client
+async def test_the_plain_model_streams_text_without_sources(in_process_module: InProcess) -> None:
+    client = in_process_module.client
     model = (await client.get("/v1/models")).json()["data"][0]["id"]
     body = {**_body("unused"), "model": model}
     parts = _parts((await client.post("/v1/ui/chat", json=body)).text)
@@ -111,12 +117,11 @@ async def test_the_plain_model_streams_text_without_sources(in_process: InProces
 
 
 async def test_a_reconnect_replays_the_running_answer_and_stop_cancels_it(
-    in_process: InProcess,
+    in_process_module: InProcess, kb: str
 ) -> None:
-    client = in_process.client
-    kb = await make_kb(client, DOCS, prefix="ui")
+    client = in_process_module.client
     body = _body(kb, max_tokens=3000)  # 30 s at 10 ms a token
-    async with in_process.live.stream("POST", "/v1/ui/chat", json=body) as response:
+    async with in_process_module.live.stream("POST", "/v1/ui/chat", json=body) as response:
         sid = response.headers["x-stream-id"]
         deltas = 0
         async for line in response.aiter_lines():
@@ -130,7 +135,7 @@ async def test_a_reconnect_replays_the_running_answer_and_stop_cancels_it(
         return (await _status(client, sid))["last_event_id"] >= mark + 200
 
     await eventually(went_on, "200 more events after the reader left", timeout_s=30)
-    async with in_process.live.stream("GET", f"/v1/ui/chat/{body['id']}/stream") as again:
+    async with in_process_module.live.stream("GET", f"/v1/ui/chat/{body['id']}/stream") as again:
         assert again.status_code == 200 and again.headers["x-stream-id"] == sid
         seen: list[Any] = []
         async for line in again.aiter_lines():
@@ -149,14 +154,15 @@ async def test_a_reconnect_replays_the_running_answer_and_stop_cancels_it(
     assert (await client.get(f"/v1/ui/chat/{body['id']}/stream")).status_code == 204
 
 
-async def test_nothing_to_resume_is_204(in_process: InProcess) -> None:
-    r = await in_process.client.get("/v1/ui/chat/never-asked/stream")
+async def test_nothing_to_resume_is_204(in_process_module: InProcess) -> None:
+    r = await in_process_module.client.get("/v1/ui/chat/never-asked/stream")
     assert r.status_code == 204 and r.content == b""
 
 
-async def test_a_resume_by_event_id_renders_ui_parts_after_it(in_process: InProcess) -> None:
-    client = in_process.client
-    kb = await make_kb(client, DOCS, prefix="ui")
+async def test_a_resume_by_event_id_renders_ui_parts_after_it(
+    in_process_module: InProcess, kb: str
+) -> None:
+    client = in_process_module.client
     whole = await client.post("/v1/ui/chat", json=_body(kb))
     sid = whole.headers["x-stream-id"]
     r = await client.get(f"/v1/streams/{sid}/events", headers={"Last-Event-ID": "4"})
@@ -184,13 +190,13 @@ async def test_a_resume_by_event_id_renders_ui_parts_after_it(in_process: InProc
     ],
 )
 async def test_bad_requests_name_the_problem(
-    in_process: InProcess, change: dict[str, Any], named: str
+    in_process_module: InProcess, change: dict[str, Any], named: str
 ) -> None:
-    r = await in_process.client.post("/v1/ui/chat", json={**_body("any"), **change})
+    r = await in_process_module.client.post("/v1/ui/chat", json={**_body("any"), **change})
     assert r.status_code == 422, r.text
     assert named in r.text
 
 
-async def test_an_unknown_model_is_404(in_process: InProcess) -> None:
-    r = await in_process.client.post("/v1/ui/chat", json=_body("no-such-kb"))
+async def test_an_unknown_model_is_404(in_process_module: InProcess) -> None:
+    r = await in_process_module.client.post("/v1/ui/chat", json=_body("no-such-kb"))
     assert r.status_code == 404 and "no-such-kb" in r.text
