@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -95,20 +94,12 @@ def node_for_the_ai_package() -> str:
     return node
 
 
-def make_key(env: dict[str, str]) -> str:
-    """A key from the real CLI, on the server's database."""
-    args = [sys.executable, "-m", "rag_stream", "keys", "create", "--tenant", "local"]
-    out = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
-
-
 @pytest.fixture(scope="module")
 def site(chat_page_server_start: KeyedServer) -> Site:
     node = node_for_the_ai_package()  # before waiting for the engine: fail fast
     server = chat_page_server_start.server
     server.wait_ready()
-    key = make_key({**os.environ, **chat_page_server_start.env})
+    key = chat_page_server_start.make_key()
     site = Site(server, f"ai-sdk-{uuid.uuid4().hex[:8]}", key, node)
     with site.http() as http:
         http.post("/v1/kbs", json={"name": site.kb}).raise_for_status()

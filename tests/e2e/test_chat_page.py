@@ -9,9 +9,6 @@ leaves a screenshot in tests/output/screenshots/.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +23,7 @@ from rag_stream.ingest.files import collect_files
 from rag_stream.ingest.sample_kb import SAMPLE_DOCS_DIR, SAMPLE_KB_NAME
 from tests.e2e.browser import ChatPage, start_chromium, wait_for
 from tests.support.proxy import TcpProxy
-from tests.support.server import ROOT, ServerProcess
+from tests.support.server import ServerProcess
 from tests.support.session_servers import KeyedServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.smollm2]
@@ -65,15 +62,6 @@ class Site:
         return httpx.Client(base_url=self.server.url, headers=headers, timeout=300)
 
 
-def make_key(env: dict[str, str]) -> str:
-    """A key from the real CLI, on the server's database."""
-    # tenant local: the sample KB's, so the page lists it next to the test's own
-    args = [sys.executable, "-m", "rag_stream", "keys", "create", "--tenant", "local"]
-    out = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
-
-
 @pytest.fixture(scope="module")
 def site(chat_page_server_start: KeyedServer) -> Iterator[Site]:
     """The server requires keys: every request of the page carries one. Started a module
@@ -81,7 +69,7 @@ def site(chat_page_server_start: KeyedServer) -> Iterator[Site]:
     server = chat_page_server_start.server
     server.wait_ready()
     site = Site(server, TcpProxy(server.port), f"e2e-{uuid.uuid4().hex[:8]}", "")
-    site.key = make_key({**os.environ, **chat_page_server_start.env})
+    site.key = chat_page_server_start.make_key()
     with site.http() as http:
         http.post("/v1/kbs", json={"name": site.kb}).raise_for_status()
         for title, text in DOCS:

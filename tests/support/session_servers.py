@@ -5,6 +5,9 @@ conftest (``pytest_plugins``)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,7 @@ from tests.support.cluster import Cluster
 from tests.support.jobs_pair import JobsPair, start_jobs_pair
 from tests.support.kv_engines import KvEngines, start_kv_engines, wanted_engines
 from tests.support.redis_keys import drop_keys
-from tests.support.server import ServerProcess
+from tests.support.server import ROOT, ServerProcess
 
 # Where the tiny server saves KV blocks (its connector's keys and counters).
 TINY_KV_PREFIX = f"{SESSION_PREFIX}-kv"
@@ -216,6 +219,15 @@ class KeyedServer:
 
     server: ServerProcess
     env: dict[str, str]
+
+    def make_key(self, tenant: str = "local") -> str:
+        """A key from the real CLI, on the server's database (tenant ``local`` owns the
+        sample KB, so a page lists it beside a test's own)."""
+        args = [sys.executable, "-m", "rag_stream", "keys", "create", "--tenant", tenant]
+        env = {**os.environ, **self.env}
+        out = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.strip().splitlines()[-1]
 
 
 def _keyed_server(
