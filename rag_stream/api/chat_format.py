@@ -103,7 +103,8 @@ def open_webui_source(wire: ChatWire, citation: CitationBody) -> dict[str, objec
         "data": {
             "source": {"id": url, "name": name, "url": url},
             "document": [citation.snippet],
-            "metadata": [{"source": url, "name": name}],
+            # external: its page shows the name, not the URL, as the window's title
+            "metadata": [{"source": url, "name": name, "external": True}],
             "distances": [citation.score],
         },
     }

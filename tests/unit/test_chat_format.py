@@ -153,7 +153,7 @@ def test_open_webui_shape_sends_one_source_event_per_source_before_the_answer() 
     url = "http://h:1/v1/kbs/docs/chunks/c1"
     assert first["source"] == {"id": url, "name": "[1] T1", "url": url}
     assert first["document"] == ["snippet 1"] and first["distances"] == [1.0]
-    assert first["metadata"] == [{"source": url, "name": "[1] T1"}]
+    assert first["metadata"] == [{"source": url, "name": "[1] T1", "external": True}]
     assert [e["data"]["source"]["name"] for e in events] == ["[1] T1", "[2] T2", "[3] T3"]
     # no choices in those chunks, and only the last one carries an event id (the last source's)
     chunks = [frames[i] for i in event_at]
