@@ -465,10 +465,11 @@ class SecuritySettings(BaseModel):
         "Unset: the loopback names when it listens on a loopback address, any name otherwise.",
     )
     metrics: Literal["open", "loopback", "key", "off"] = Field(
-        "open",
-        description="Who may read /metrics: anyone (`open`), clients on this machine "
-        "(`loopback`; behind a proxy here, the forwarded client address counts), callers with "
-        "an API key (`key`), or nobody (`off`: 404).",
+        "key",
+        description="Who may read /metrics: callers with an API key once keys are required "
+        "(`key`: anyone while the server runs open, without keys), anyone (`open`), clients on "
+        "this machine (`loopback`; behind a proxy here, the forwarded client address counts), "
+        "or nobody (`off`: 404).",
     )
     docs: Literal["open", "key", "off"] = Field(
         "open",

@@ -35,7 +35,7 @@ def _problem(err: Any) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RagStreamError)
-    async def _domain(_: Request, exc: RagStreamError) -> JSONResponse:
+    async def _domain(request: Request, exc: RagStreamError) -> JSONResponse:
         if exc.status_code >= 500 and exc.status_code != 503:
             logger.error("request failed: %s", exc.message)
         headers = None
@@ -43,7 +43,10 @@ def install_error_handlers(app: FastAPI) -> None:
             headers = {"Retry-After": str(exc.retry_after_s)}
         elif isinstance(exc, Unauthorized):
             headers = {"WWW-Authenticate": "Bearer"}
-        return error_response(exc.status_code, exc.code, exc.message, exc.param, headers)
+        status = exc.status_code
+        if status == 422 and request.url.path.startswith(OPENAI_PATHS):
+            status = 400  # OpenAI's status for a bad request, as for the body's validation
+        return error_response(status, exc.code, exc.message, exc.param, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -19,7 +19,10 @@ def sampling_for(
 ) -> Sampling:
     wanted = limits.default_max_tokens if max_tokens is None else max_tokens
     if not 1 <= wanted <= limits.max_tokens:
-        raise InvalidRequest(f"max_tokens must be between 1 and {limits.max_tokens}, got {wanted}")
+        raise InvalidRequest(
+            f"max_tokens must be between 1 and {limits.max_tokens}, got {wanted}",
+            param="max_tokens",
+        )
     return Sampling(max_tokens=wanted, temperature=temperature, top_p=top_p, seed=seed)
 
 

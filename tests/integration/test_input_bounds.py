@@ -98,6 +98,27 @@ async def test_other_integers_are_bounded_with_the_field_named(
     assert _error(r, 422).startswith(f"{field}:")
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_tokens", 4001), ("top_k", 1000), ("max_completion_tokens", 10**6)]
+)
+async def test_openai_routes_answer_limits_with_a_400_naming_the_field(
+    client: httpx.AsyncClient, field: str, value: int
+) -> None:
+    """OpenAI's status and ``param`` for values past the server's limits, which are checked
+    once the request is read (the limits are settings, not the schema's bounds)."""
+    model = (await client.get("/v1/models")).json()["data"][0]["id"]
+    made = await client.post("/v1/kbs", json={"name": f"b-{uuid.uuid4().hex[:6]}"})
+    for name in (model, f"kb:{made.json()['name']}"):
+        body = {"model": name, "messages": [{"role": "user", "content": "q"}], field: value}
+        r = await client.post("/v1/chat/completions", json=body)
+        if field == "top_k" and name == model:
+            continue  # (the plain model retrieves nothing: top_k is not read)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == field.replace("max_completion_tokens", "max_tokens"), error
+        assert error["type"] == "invalid_request_error"
+
+
 @pytest.mark.engine
 def test_seeds_at_both_ends_of_the_range_generate_on_vllm(tiny_server: ServerProcess) -> None:
     """The bound is what vLLM takes: its ends work; one past them was a 500."""

@@ -621,7 +621,10 @@ def test_keys_and_service_passwords_are_never_logged_or_stored(
         ):
             r = http.get("/v1/kbs", headers=headers)
             assert r.status_code == 401 and key not in r.text, headers
-        metrics = http.get("/metrics").text
+        # (the default, security.metrics "key": a key once keys are required)
+        assert http.get("/metrics").status_code == 401
+        alpha = {"Authorization": f"Bearer {served.keys['alpha']}"}
+        metrics = http.get("/metrics", headers=alpha).text
         assert "rag_stream_" in metrics
     log = served.server.log_path.read_text(errors="replace")
     redis_dump = _redis_dump()

@@ -293,13 +293,13 @@ def test_open_mode_lasts_until_the_first_key(
 def test_metrics_and_the_api_description_behind_a_key(
     server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    """/metrics by default (security.metrics ``key``), the API description as set."""
     data = tmp_path_factory.mktemp("behind-a-key")
     server = server_factory(
         stub_delay_s=0.001,
         data_dir=data,
         RAG_STREAM_REDIS_URL=REDIS_URL,
         RAG_STREAM_SECURITY__REQUIRE_KEYS="true",
-        RAG_STREAM_SECURITY__METRICS="key",
         RAG_STREAM_SECURITY__DOCS="key",
     )
     try:

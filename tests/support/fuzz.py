@@ -45,12 +45,12 @@ from typing import Any
 
 import httpx
 
-# The server under test: keys required (as the production profile has it), /metrics behind
-# the key too (its OpenAPI entry declares the key, so `ignored_auth` holds it to that), and jobs
-# small enough that one made by the fuzzer ends in a fraction of a second on the stub engine.
+# The server under test: keys required (as the production profile has it), so /metrics is
+# behind the key too (security.metrics' default; its OpenAPI entry declares the key, so
+# `ignored_auth` holds it to that), and jobs small enough that one made by the fuzzer ends in
+# a fraction of a second on the stub engine.
 SERVER_ENV = {
     "RAG_STREAM_SECURITY__REQUIRE_KEYS": "true",
-    "RAG_STREAM_SECURITY__METRICS": "key",
     "RAG_STREAM_JOBS__MAX_SECTIONS": "3",
     "RAG_STREAM_JOBS__DEFAULT_SECTION_TOKENS": "16",
     "RAG_STREAM_JOBS__MAX_SECTION_TOKENS": "32",

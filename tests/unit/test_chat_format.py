@@ -250,6 +250,16 @@ def test_unsupported_requests_name_the_field(fields: dict[str, Any], param: str)
     assert isinstance(refused[0], UnsupportedParameter) and refused[0].param == param
 
 
+def test_an_assistant_turn_may_be_empty() -> None:
+    # (a tool call's turn, in histories other servers wrote)
+    turns = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "b"},
+    ]
+    assert ChatCompletionRequest.model_validate(_request(messages=turns)).messages[1].text == ""
+
+
 def test_defaults_of_unsupported_fields_pass() -> None:
     body = ChatCompletionRequest.model_validate(
         _request(

@@ -206,7 +206,9 @@ class AnswerKind(BaseKind[AnswerPlan | QuestionPlan]):
             )
         top_k = cfg.default_top_k if q.top_k is None else q.top_k
         if top_k > cfg.max_top_k:
-            raise InvalidRequest(f"top_k must be between 0 and {cfg.max_top_k}, got {top_k}")
+            raise InvalidRequest(
+                f"top_k must be between 0 and {cfg.max_top_k}, got {top_k}", param="top_k"
+            )
         async with self.sessions() as session:
             kb = await resolve_kb(session, q.kb, tenant=tenant)
         lay = layout(engine, history, question, cfg.history_budget_tokens, q.instructions)
