@@ -15,6 +15,7 @@ them into docs/settings.md, and a unit test fails when that file is stale.
 from __future__ import annotations
 
 import os
+from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -46,7 +47,18 @@ from rag_stream.errors import ConfigError
 
 ENV_PREFIX = "RAG_STREAM_"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG_DIR = PROJECT_ROOT / "configs"
+
+
+def bundled(folder: str) -> Path:
+    """A folder of data the package carries: ``configs`` (the profiles), ``migrations`` or
+    ``docs`` (the sample KB). An installed package has its copy inside (pyproject.toml maps the
+    checkout's top-level folders there); a source checkout, editable install included, has the
+    folder at its top."""
+    inside = resources.files("rag_stream").joinpath(folder)
+    return inside if isinstance(inside, Path) and inside.is_dir() else PROJECT_ROOT / folder
+
+
+DEFAULT_CONFIG_DIR = bundled("configs")
 DEFAULT_LLM_DIRNAME = "SmolLM2-135M-Instruct"
 DEFAULT_EMBEDDER_DIRNAME = "all-MiniLM-L6-v2"
 

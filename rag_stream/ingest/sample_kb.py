@@ -1,5 +1,6 @@
-"""The sample knowledge base: the project's own docs/, ingested into a KB named "docs" when
-``serve`` starts (setting ``ingest.sample_kb``), so a newcomer can ask questions at once.
+"""The sample knowledge base: the project's own docs/ (carried in the package too), ingested
+into a KB named "docs" when ``serve`` starts (setting ``ingest.sample_kb``), so a newcomer can
+ask questions at once.
 
 It runs on every start and is idempotent: unchanged files are skipped by content hash, edited
 ones replace their previous version (the source is the path relative to the project).
@@ -17,12 +18,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from rag_stream.ingest.files import IngestSummary, collect_files, ensure_kb, ingest_files
 from rag_stream.ingest.service import Ingestor
 from rag_stream.schemas.tenants import LOCAL_TENANT
-from rag_stream.settings import PROJECT_ROOT, Settings
+from rag_stream.settings import Settings, bundled
 
 log = logging.getLogger(__name__)
 
 SAMPLE_KB_NAME = "docs"
-SAMPLE_DOCS_DIR = PROJECT_ROOT / "docs"
+SAMPLE_DOCS_DIR = bundled("docs")  # named docs in the package too: the same sources
 
 
 async def ingest_sample_kb(

@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from rag_stream.errors import DatabaseUnavailable
-from rag_stream.settings import PROJECT_ROOT
+from rag_stream.settings import bundled
 
-MIGRATIONS_DIR = PROJECT_ROOT / "migrations"
+MIGRATIONS_DIR = bundled("migrations")
 T = TypeVar("T")
 
 
