@@ -12,22 +12,27 @@ from rag_stream.schemas.streams import EVENT_ID_MAX
 _EVENT_ID = re.compile(r"-?[0-9]+")
 
 
-def resume_cursor(header: str | None, query: int | None) -> int:
-    """Where a reader resumes: the query parameter (bounded by its declaration) wins over the
-    header; -1 replays from the start."""
+def resume_cursor(header: str | None, query: str | None) -> int:
+    """Where a reader resumes: the ``last_event_id`` query parameter wins over the
+    ``Last-Event-ID`` header, and both are read the same way (ASCII digits, 0 to EVENT_ID_MAX);
+    -1 replays from the start."""
     if query is not None:
-        return query
-    raw = (header or "").strip()
+        return _event_id("last_event_id", query)
+    return _event_id("Last-Event-ID", header)
+
+
+def _event_id(name: str, given: str | None) -> int:
+    raw = (given or "").strip() if name == "Last-Event-ID" else given or ""
     if not raw:
         return -1  # absent, or sent empty: browsers send none before their first event
     shown = raw if len(raw) <= 40 else raw[:40] + "..."
     if not _EVENT_ID.fullmatch(raw):
-        raise InvalidRequest(f"Last-Event-ID must be an integer event id, got {shown!r}")
+        raise InvalidRequest(f"{name} must be an integer event id, got {shown!r}", param=name)
     if raw.startswith("-"):
         raise InvalidRequest(
-            f"Last-Event-ID must be >= 0 (omit it to replay from the start), got {shown}"
+            f"{name} must be >= 0 (omit it to replay from the start), got {shown}", param=name
         )
     # compare lengths first: int() refuses strings of thousands of digits
     if len(raw.lstrip("0")) > len(str(EVENT_ID_MAX)) or int(raw) > EVENT_ID_MAX:
-        raise InvalidRequest(f"Last-Event-ID must be at most {EVENT_ID_MAX}, got {shown}")
+        raise InvalidRequest(f"{name} must be at most {EVENT_ID_MAX}, got {shown}", param=name)
     return int(raw)

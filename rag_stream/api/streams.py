@@ -16,7 +16,6 @@ from rag_stream.api.ui_format import ui_frames
 from rag_stream.errors import IncompatiblePlan
 from rag_stream.schemas.openai import ChatWire
 from rag_stream.schemas.streams import (
-    EVENT_ID_MAX,
     SSE_RESPONSES,
     CancelResponse,
     StreamStatus,
@@ -76,9 +75,11 @@ async def stream_events(
         ),
     ] = None,
     last_event_id: Annotated[
-        int | None,
+        str | None,
         Query(
-            ge=0, le=EVENT_ID_MAX, description="resume after this event id (wins over the header)"
+            description="resume after this event id (wins over the header); ASCII digits",
+            max_length=40,
+            json_schema_extra={"pattern": r"^[0-9]+$"},
         ),
     ] = None,
 ) -> Response:

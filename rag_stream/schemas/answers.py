@@ -17,7 +17,9 @@ TOP_K_CEILING = 1000
 
 
 class AnswerRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", strict=True
+    )  # JSON types as they are: no "7" for 7, no 0 for false
 
     kb: str = Field(min_length=1, description="knowledge base name or id")
     question: str = Field(min_length=1)

@@ -28,7 +28,7 @@ class Coalesce(BaseModel):
     """Up to ``tokens`` tokens per ``token`` event, sent when that many are ready or ``ms``
     milliseconds after the first of them, whichever comes first (0 ms: at once)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     tokens: int = Field(1, ge=1, le=64)
     ms: float = Field(0.0, ge=0.0, le=1000.0)
@@ -53,7 +53,9 @@ CoalesceOption = Annotated[
 
 
 class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", strict=True
+    )  # JSON types as they are: no "7" for 7, no 0 for false
 
     prompt: str = Field(min_length=1)
     max_tokens: MaxTokens | None = None

@@ -24,7 +24,9 @@ TEXT_CEILING = 100_000
 
 
 class JobRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", strict=True
+    )  # JSON types as they are: no "7" for 7, no 0 for false
 
     kb: str = Field(min_length=1, description="knowledge base name or id")
     title: str = Field(min_length=1, max_length=TEXT_CEILING)

@@ -95,7 +95,9 @@ MetaFilter = dict[
 
 
 class KbCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", strict=True
+    )  # JSON types as they are: no "7" for 7, no 0 for false
 
     name: KbName = Field(description="unique; letters, digits, '.', '_' and '-'")
     description: str | None = Field(None, max_length=4000)
@@ -115,7 +117,9 @@ class KbList(BaseModel):
 
 
 class DocumentCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", strict=True
+    )  # JSON types as they are: no "7" for 7, no 0 for false
 
     title: str = Field(min_length=1, max_length=512)
     text: str = Field(min_length=1)
@@ -187,7 +191,9 @@ class DocumentPage(BaseModel):
 
 
 class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", strict=True
+    )  # JSON types as they are: no "7" for 7, no 0 for false
 
     query: str = Field(min_length=1, max_length=4000)
     top_k: int = Field(5, ge=1, le=100)

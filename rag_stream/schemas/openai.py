@@ -106,7 +106,7 @@ _TOOL_CHOICES_ANSWERED = (None, "none", "auto")
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -114,7 +114,9 @@ class StreamOptions(BaseModel):
 
 class ChatCompletionRequest(BaseModel):
     # OpenAI's other fields pass through to the check below; anything else is refused there.
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(
+        extra="allow", strict=True
+    )  # JSON types as they are: no "7" for 7, no 0 for false
 
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)

@@ -43,7 +43,9 @@ class UIMessage(BaseModel):
 
 
 class UIChatRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", strict=True
+    )  # JSON types as they are: no "7" for 7, no 0 for false
 
     id: str = Field(
         min_length=1,
@@ -130,4 +132,3 @@ class UIAbort(BaseModel):
 class UIError(BaseModel):
     type: Literal["error"] = "error"
     errorText: str
-

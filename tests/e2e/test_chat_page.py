@@ -77,7 +77,7 @@ def site(chat_page_server_start: KeyedServer) -> Iterator[Site]:
             r.raise_for_status()
     with site.proxy:
         yield site
-    server.stop()
+    # (the server stops after the last test of the run that uses it: release_after_last_user)
 
 
 @pytest.fixture(scope="module")

@@ -99,6 +99,26 @@ async def test_other_integers_are_bounded_with_the_field_named(
 
 
 @pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/generate", {"prompt": "q", "max_tokens": True}, "max_tokens"),
+        ("/v1/answers", {"kb": "k", "question": "q", "top_k": "7"}, "top_k"),
+        ("/v1/answers", {"kb": "k", "question": "q", "mmr": 0}, "mmr"),
+        ("/v1/answers", {"kb": "k", "question": "q", "max_tokens": 7.0}, "max_tokens"),
+        ("/v1/jobs", {"kb": "k", "title": "t", "sections": "7"}, "sections"),
+        ("/v1/kbs/k/search", {"query": "q", "top_k": "3"}, "top_k"),
+        ("/v1/chat/completions", {"model": "m", "messages": [], "max_tokens": True}, "max_tokens"),
+    ],
+)
+async def test_json_values_of_the_wrong_type_are_refused_not_converted(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], field: str
+) -> None:
+    r = await client.post(path, json=body)
+    assert r.status_code in (400, 422), r.text  # (OpenAI's 400 on its routes)
+    assert field in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize(
     ("field", "value"), [("max_tokens", 4001), ("top_k", 1000), ("max_completion_tokens", 10**6)]
 )
 async def test_openai_routes_answer_limits_with_a_400_naming_the_field(
@@ -171,9 +191,10 @@ async def _finished_stream(client: httpx.AsyncClient) -> str:
 @pytest.mark.parametrize(
     ("headers", "params", "needle"),
     [
-        ({}, {"last_event_id": str(2**63)}, "query.last_event_id:"),
-        ({}, {"last_event_id": str(2**70)}, "query.last_event_id:"),
-        ({}, {"last_event_id": "-1"}, "query.last_event_id:"),
+        ({}, {"last_event_id": str(2**63)}, "last_event_id must be at most"),
+        ({}, {"last_event_id": str(2**70)}, "last_event_id must be at most"),
+        ({}, {"last_event_id": "-1"}, "last_event_id must be >= 0"),
+        ({}, {"last_event_id": "1_0"}, "last_event_id must be an integer"),
         ({"Last-Event-ID": str(2**63)}, {}, "Last-Event-ID must be at most"),
         ({"Last-Event-ID": str(2**64 + 5)}, {}, "Last-Event-ID must be at most"),
         ({"Last-Event-ID": "1_0"}, {}, "Last-Event-ID must be an integer"),

@@ -81,8 +81,17 @@ def test_last_event_id_headers_that_are_event_ids(header: str, expected: int) ->
 
 
 def test_the_query_parameter_wins_over_the_header() -> None:
-    assert _cursor("9", 3) == 3
-    assert _cursor("", 0) == 0
+    assert _cursor("9", "3") == 3
+    assert _cursor("", "0") == 0
+
+
+@pytest.mark.parametrize("query", ["+1", "1_0", " 1", "-0", "1.0", "\u0661"])
+def test_the_query_cursor_is_read_as_strictly_as_the_header(query: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        _cursor(None, query)
+    assert caught.value.message.startswith("last_event_id") and caught.value.param == (
+        "last_event_id"
+    )
 
 
 @pytest.mark.parametrize(

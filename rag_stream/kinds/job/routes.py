@@ -16,7 +16,7 @@ from rag_stream.kinds.job.control import cancel_job, current_job, reconcile, rem
 from rag_stream.kinds.job.kind import JobKind
 from rag_stream.kinds.job.result import job_out, job_result, markdown
 from rag_stream.schemas.jobs import JobList, JobOut, JobRequest, JobResult
-from rag_stream.schemas.streams import EVENT_ID_MAX, SSE_RESPONSES
+from rag_stream.schemas.streams import SSE_RESPONSES
 from rag_stream.store.jobs import get_job, list_jobs, sections_of
 from rag_stream.streaming.sse import event_stream_response
 
@@ -60,7 +60,14 @@ async def events(
     last_event_id_header: Annotated[
         str | None, Header(alias="Last-Event-ID", description="resume after this event id")
     ] = None,
-    last_event_id: Annotated[int | None, Query(ge=0, le=EVENT_ID_MAX)] = None,
+    last_event_id: Annotated[
+        str | None,
+        Query(
+            description="resume after this event id (wins over the header); ASCII digits",
+            max_length=40,
+            json_schema_extra={"pattern": r"^[0-9]+$"},
+        ),
+    ] = None,
 ) -> Response:
     job = await get_job(session, job_id, tenant=tenant)
     if job.stream_id is None:
