@@ -24,6 +24,7 @@ from rag_stream.api.streams import stream_wire
 from rag_stream.api.ui_format import ui_frames
 from rag_stream.generation.sampling import sampling_for
 from rag_stream.openai.chat_launch import kb_of, launch_chat
+from rag_stream.resources import Resources
 from rag_stream.schemas.streams import SSE_RESPONSES
 from rag_stream.schemas.ui_chat import CHAT_ID_MAX, UI_STREAM_HEADERS, UIChatRequest, UIWire
 from rag_stream.streaming.sse import sse_response
@@ -77,7 +78,7 @@ async def resume_ui_chat(
     return _parts(resources, wire, meta.stream_id)
 
 
-def _parts(resources: ResourcesDep, wire: UIWire, stream_id: str) -> Response:
+def _parts(resources: Resources, wire: UIWire, stream_id: str) -> Response:
     frames = ui_frames(wire, resources.streams.follow_batches(stream_id))
     headers = {"X-Stream-Id": stream_id, **UI_STREAM_HEADERS}
     return sse_response(frames, resources.settings.streaming.keepalive_s, headers)

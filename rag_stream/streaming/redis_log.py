@@ -203,6 +203,7 @@ class RedisEventLog:
         return f"{self._p}:active"
 
     def _alias(self, tenant: str, alias: str) -> str:
+        # unambiguous: a tenant's name has no ':' (schemas/tenants.py)
         return f"{self._p}:alias:{tenant}:{alias}"
 
     async def named(self, tenant: str, alias: str) -> str | None:
