@@ -2,21 +2,21 @@
 
 vLLM is imported lazily: it is heavy, and the test doubles and CLI commands that do not generate
 must not pay for it. The engine core runs in a spawned process, so whatever starts this engine
-needs an ``if __name__ == "__main__":`` guard.
+needs an ``if __name__ == "__main__":`` guard. The core is started, and stopped, on a thread of
+the engine's own that lives until the engine is closed, and it dies with that thread, so with
+this process however it ends (``rag_stream/children.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future
 from typing import Any, cast
 
-import anyio
-
+from rag_stream.children import Starter, environment, spawned_children_die
 from rag_stream.errors import EngineDied, EngineUnavailable
 from rag_stream.generation.detokenize import backend_of
 from rag_stream.generation.engine import EngineStep, Sampling, Tokenizer
@@ -31,8 +31,9 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort":
 class VLLMEngine:
     """Owns one AsyncLLM. Build it with ``await VLLMEngine.start(settings)``."""
 
-    def __init__(self, llm: Any, model_name: str, max_model_len: int) -> None:
+    def __init__(self, llm: Any, starter: Starter, model_name: str, max_model_len: int) -> None:
         self._llm = llm
+        self._starter = starter  # the engine core's parent thread
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.tokenizer = cast(Tokenizer, llm.get_tokenizer())
@@ -64,7 +65,8 @@ class VLLMEngine:
                 # vLLM switches a CPU "uni" executor back to "mp" unless V1 multiprocessing is
                 # off; that variable only picks the executor here (AsyncLLM always runs its
                 # engine core in a process of its own). The core is spawned with this process's
-                # environment, so it starts with cpu_threads threads.
+                # environment, so it starts with cpu_threads threads (vLLM sets its OpenMP
+                # variables around its worker processes the same way).
                 executor["distributed_executor_backend"] = "uni"
                 child_env = {
                     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -87,21 +89,31 @@ class VLLMEngine:
                 **executor,
                 **engine_overrides,
             )
-            with _environment(child_env):
+            with environment(child_env), spawned_children_die():
                 return AsyncLLM.from_engine_args(args)
 
+        starter = Starter("engine-core-parent")
+        building = starter.submit(build)
         try:
-            llm = await anyio.to_thread.run_sync(build)
+            llm = await asyncio.wrap_future(building)
+        except asyncio.CancelledError:
+            # The start goes on in its thread (it cannot be interrupted): stop what it makes.
+            starter.submit(lambda: _shut_down(building))
+            starter.close()
+            raise
         except Exception as exc:
+            starter.close()
             raise EngineUnavailable(f"vLLM failed to start with model {model}: {exc}") from exc
         try:
             engine = cls(
                 llm,
+                starter,
                 model_name=settings.resolved_served_model_name,
                 max_model_len=settings.engine.max_model_len,
             )
         except TypeError as exc:
-            await anyio.to_thread.run_sync(llm.shutdown)
+            await asyncio.wrap_future(starter.submit(llm.shutdown))
+            starter.close()
             raise EngineUnavailable(f"model {model} cannot be served: {exc}") from exc
         log.info("engine: ready in %.1f s", time.monotonic() - started)
         return engine
@@ -169,20 +181,13 @@ class VLLMEngine:
         if handler is not None and not handler.done():
             handler.cancel()
             await asyncio.wait({handler})
-        await anyio.to_thread.run_sync(self._llm.shutdown)
+        try:
+            await asyncio.wrap_future(self._starter.submit(self._llm.shutdown))
+        finally:
+            self._starter.close()
 
 
-@contextlib.contextmanager
-def _environment(values: Mapping[str, str]) -> Iterator[None]:
-    """``values`` in the environment while the engine core is spawned, then as they were (vLLM
-    sets its OpenMP variables around its worker processes the same way)."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+def _shut_down(building: Future[Any]) -> None:
+    """Shut down the engine a start that was given up on made, if it made one."""
+    if not building.cancelled() and building.exception() is None:
+        building.result().shutdown()

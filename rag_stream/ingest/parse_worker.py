@@ -1,10 +1,10 @@
 """The worker process of ``sandbox``: ``python -m rag_stream.ingest.parse_worker``.
 
 It imports the parsers once, writes ``READY``, then answers jobs until its stdin ends (the API
-process closed it or went away). Per job the parent sends a 4-byte big-endian length, a ``Job``
-as JSON and ``Job.size`` bytes of upload; the worker answers with an 8-byte length and a
-``Reply`` as JSON. Replies go to a private copy of stdout and fd 1 is pointed at stderr, so a
-library that prints cannot corrupt one.
+process closed it), or the kernel kills it with the API process (``rag_stream/children.py``).
+Per job the parent sends a 4-byte big-endian length, a ``Job`` as JSON and ``Job.size`` bytes of
+upload; the worker answers with an 8-byte length and a ``Reply`` as JSON. Replies go to a private
+copy of stdout and fd 1 is pointed at stderr, so a library that prints cannot corrupt one.
 
 Each parse runs under an address-space limit (``Job.memory_mb``: a MemoryError becomes a reply,
 not a swapping machine) and a CPU-time limit a little over the parent's clock, which stops the
@@ -24,6 +24,7 @@ from typing import IO, Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
+from rag_stream.children import die_with_parent
 from rag_stream.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from rag_stream.ingest.parsing import ParsedText, describe, parse
 
@@ -126,6 +127,7 @@ def serve(requests: IO[bytes], out: IO[bytes]) -> None:
 
 
 def main() -> None:
+    die_with_parent()  # a parse of a hostile file must not outlive a killed API process
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is the parent's to handle
     # The CPU limit ends a worker with SIGXCPU, which dumps core by default: not in the cwd.
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

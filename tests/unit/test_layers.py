@@ -22,6 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "rag_stream"
 LAYERS: dict[str, int] = {
     "errors": 0,
     "malloc_arenas": 0,
+    "children": 0,  # child processes that die with this one: the standard library only
     "settings": 1,
     "schemas": 1,
     "metrics": 2,
