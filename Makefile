@@ -1,4 +1,4 @@
-.PHONY: install run test test-all test-fast check lint format bench clean
+.PHONY: install run test test-all test-fast check lint format bench clean images
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -32,6 +32,10 @@ check:
 format:
 	$(BIN)/ruff check --fix rag_stream tests scripts migrations
 	$(BIN)/ruff format rag_stream tests scripts migrations
+
+# the API and vLLM CPU images, from a Debian base made here without a registry (docs/deploy.md)
+images:
+	bash scripts/images.sh
 
 clean:
 	rm -rf .data .pytest_cache .mypy_cache .ruff_cache
