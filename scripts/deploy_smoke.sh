@@ -133,7 +133,10 @@ def container(service: str) -> str:
 
 
 def podman(*args: str) -> str:
-    return subprocess.run(["podman", *args], check=True, capture_output=True, text=True).stdout
+    done = subprocess.run(["podman", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"smoke: podman {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
 
 
 def logs(service: str) -> str:
@@ -323,7 +326,9 @@ with httpx.Client(timeout=httpx.Timeout(30, read=120)) as client:
                       container(service)).strip()
 
     runs, old_ip = serving_runs(), address("api-1")
-    podman("restart", "-t", "1", container("api-1"))
+    # stop, then start: `podman restart` raced the restart policy here once (exit 125)
+    podman("stop", "-t", "10", container("api-1"))
+    podman("start", container("api-1"))
     began = time.monotonic()
     while serving_runs() == runs:
         assert time.monotonic() - began < 600, "api-1 did not come back"
