@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Protocol
 from urllib.parse import quote
 
 from rag_stream.generation.markers import markers
@@ -241,15 +242,27 @@ class ChatChunks:
         return f"id: {event_id}\ndata: {body}\n\n".encode()
 
 
-async def chat_frames(
+class FrameRenderer(Protocol):
+    """A wire's renderer: one stream's batches, in order, as that wire's SSE frames."""
+
+    def frames(self, batch: Sequence[Event]) -> bytes: ...
+
+
+async def rendered(
+    renderer: FrameRenderer, batches: AsyncIterator[list[Event]]
+) -> AsyncIterator[bytes]:
+    """Each batch's frames, as the renderer makes them (a batch may show nothing)."""
+    async for batch in batches:
+        frames = renderer.frames(batch)
+        if frames:
+            yield frames
+
+
+def chat_frames(
     wire: ChatWire, batches: AsyncIterator[list[Event]], after: int = -1
 ) -> AsyncIterator[bytes]:
     """A stream's batches (from its first event) as chat-completion chunk frames after ``after``."""
-    chunks = ChatChunks(wire, after)
-    async for batch in batches:
-        frames = chunks.frames(batch)
-        if frames:
-            yield frames
+    return rendered(ChatChunks(wire, after), batches)
 
 
 def chat_completion(wire: ChatWire, result: Collected) -> ChatCompletion:

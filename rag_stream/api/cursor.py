@@ -4,12 +4,27 @@ parameter, for every route that follows a stream (``/v1/streams/{id}/events``, a
 from __future__ import annotations
 
 import re
+from typing import Annotated
+
+from fastapi import Query
 
 from rag_stream.errors import InvalidRequest
 from rag_stream.schemas.streams import EVENT_ID_MAX
 
 # ASCII digits only: int() would also take "1_0", "+1" and other scripts' digits.
 _EVENT_ID = re.compile(r"-?[0-9]+")
+
+
+# The query form of the cursor, as every route that follows a stream declares it (resume_cursor
+# reads it, as strictly as the header).
+LastEventIdQuery = Annotated[
+    str | None,
+    Query(
+        description="resume after this event id (wins over the header); ASCII digits",
+        max_length=40,
+        json_schema_extra={"pattern": r"^[0-9]+$"},
+    ),
+]
 
 
 def resume_cursor(header: str | None, query: str | None) -> int:

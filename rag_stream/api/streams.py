@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header
 from fastapi.responses import Response
 from pydantic import Field, TypeAdapter, ValidationError
 from sse_starlette import EventSourceResponse
 
 from rag_stream.api.chat_format import chat_frames
-from rag_stream.api.cursor import resume_cursor
+from rag_stream.api.cursor import LastEventIdQuery, resume_cursor
 from rag_stream.api.deps import SettingsDep, StreamsDep, TenantDep
 from rag_stream.api.ui_format import ui_frames
 from rag_stream.errors import IncompatiblePlan
@@ -74,14 +74,7 @@ async def stream_events(
             json_schema_extra={"pattern": r"^\s*[0-9]*\s*$"},
         ),
     ] = None,
-    last_event_id: Annotated[
-        str | None,
-        Query(
-            description="resume after this event id (wins over the header); ASCII digits",
-            max_length=40,
-            json_schema_extra={"pattern": r"^[0-9]+$"},
-        ),
-    ] = None,
+    last_event_id: LastEventIdQuery = None,
 ) -> Response:
     cursor = resume_cursor(last_event_id_header, last_event_id)
     meta = await streams.check_cursor(stream_id, cursor, tenant=tenant)

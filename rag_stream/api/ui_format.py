@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from rag_stream.api.chat_format import chunk_url
+from rag_stream.api.chat_format import chunk_url, rendered
 from rag_stream.schemas.events import (
     Citation,
     CitationBody,
@@ -139,12 +139,8 @@ class UIParts:
             out.append(f"id: {event.id}\n".encode() + DONE_FRAME)
 
 
-async def ui_frames(
+def ui_frames(
     wire: UIWire, batches: AsyncIterator[list[Event]], after: int = -1
 ) -> AsyncIterator[bytes]:
     """A stream's batches (from its first event) as UI message stream frames after ``after``."""
-    parts = UIParts(wire, after)
-    async for batch in batches:
-        frames = parts.frames(batch)
-        if frames:
-            yield frames
+    return rendered(UIParts(wire, after), batches)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
 
-from rag_stream.api.cursor import resume_cursor
+from rag_stream.api.cursor import LastEventIdQuery, resume_cursor
 from rag_stream.api.deps import ResourcesDep, SessionDep, SettingsDep, StreamsDep, TenantDep
 from rag_stream.errors import NotFound
 from rag_stream.kinds.base import KindSlice
@@ -60,14 +60,7 @@ async def events(
     last_event_id_header: Annotated[
         str | None, Header(alias="Last-Event-ID", description="resume after this event id")
     ] = None,
-    last_event_id: Annotated[
-        str | None,
-        Query(
-            description="resume after this event id (wins over the header); ASCII digits",
-            max_length=40,
-            json_schema_extra={"pattern": r"^[0-9]+$"},
-        ),
-    ] = None,
+    last_event_id: LastEventIdQuery = None,
 ) -> Response:
     job = await get_job(session, job_id, tenant=tenant)
     if job.stream_id is None:
