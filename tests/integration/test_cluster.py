@@ -21,6 +21,7 @@ import pytest
 from tests.support.cluster import Cluster, Node
 from tests.support.server import ServerProcess
 from tests.support.sse import Frame, read_stream, text_of
+from tests.support.waiting import eventually_sync
 
 pytestmark = pytest.mark.engine
 
@@ -231,7 +232,11 @@ def test_a_replica_killed_mid_stream_the_stream_finishes_on_the_other_with_its_k
     _one_stream(frames)
     assert frames[-1].data["finish_reason"] == "length"
     assert text_of(frames) == text_of(reference)
-    assert other.metric(DONE) == served_before[1] + 1  # the rest came from the other replica
+    # the rest came from the other replica (vLLM counts a request done just after its last
+    # output goes out, so the count may trail the stream's end by a moment)
+    eventually_sync(
+        lambda: other.metric(DONE) == served_before[1] + 1, "the other replica served the rest"
+    )
     # which had never computed this prompt: its KV blocks came from Redis (the KV connector)
     assert frames[-1].data["usage"]["cached_tokens"] >= 256, frames[-1].data["usage"]
 
