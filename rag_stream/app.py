@@ -35,8 +35,11 @@ from rag_stream.api import (
 )
 from rag_stream.api import metrics as metrics_api
 from rag_stream.api.browser_guard import BrowserGuard, default_trusted_hosts, is_loopback
+from rag_stream.api.content_coding import RefuseContentCoding
 from rag_stream.api.deps import CallerDep
 from rag_stream.api.error_handlers import install_error_handlers
+from rag_stream.api.methods import AllowHeader
+from rag_stream.api.openapi import install_openapi
 from rag_stream.api.request_metrics import RequestMetrics
 from rag_stream.api.timeouts import BodyReadTimeout
 from rag_stream.generation.engine import Engine
@@ -182,7 +185,16 @@ def create_app(
         await vectors.ensure(embedder.dimension)
         sparse = open_sparse_encoder()
         retriever = Retriever(sessions, vectors, embedder, sparse=sparse)
-        ingestor = Ingestor(sessions, vectors, embedder, settings.ingest, sparse=sparse)
+        ingestor = Ingestor(
+            sessions,
+            vectors,
+            embedder,
+            settings.ingest,
+            sparse=sparse,
+            retry_after_s=settings.limits.retry_after_s,
+        )
+        await ingestor.recover()
+        stack.push_async_callback(ingestor.close)  # before the stores it writes to close
         event_log: EventLog = (
             RedisEventLog(redis.client, prefix=settings.streaming.key_prefix)
             if settings.streaming.checkpoint
@@ -260,6 +272,7 @@ def create_app(
     # a SIGTERM, uvicorn re-raises the signal at the end: the exit status would be lost)
     app.state.request_exit = lambda: os.kill(os.getpid(), signal.SIGTERM)
 
+    app.add_middleware(AllowHeader, routes=app.router.routes)  # a 405 names what its path allows
     app.add_middleware(RequestMetrics, metrics=metrics)
     security = settings.security
     if security.cors_origins:
@@ -271,7 +284,12 @@ def create_app(
             expose_headers=["X-Stream-Id"],  # a page reads it to resume a chat completion
         )
     # a body that stalls half-way gets a 408 instead of holding its connection
-    app.add_middleware(BodyReadTimeout, timeout_s=settings.limits.body_read_timeout_s)
+    limits = settings.limits
+    app.add_middleware(
+        BodyReadTimeout, timeout_s=limits.body_read_timeout_s, deadline_s=limits.body_deadline_s
+    )
+    # a compressed body is refused by name rather than failing to parse (content_coding.py)
+    app.add_middleware(RefuseContentCoding)
     # outermost: a request from a page elsewhere, or to a foreign Host, goes no further
     trusted = security.trusted_hosts
     app.add_middleware(
@@ -302,6 +320,7 @@ def create_app(
             return JSONResponse(app.openapi())
 
     install_error_handlers(app)
+    install_openapi(app)  # every status each route answers (api/openapi.py)
     return app
 
 

@@ -39,14 +39,19 @@ def _logging(level: str) -> None:
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """How `serve` runs uvicorn, one process or several."""
+    from rag_stream.api.access_log import log_config
+    from rag_stream.api.http_protocol import bounded_head_protocol
+
     return {
         "host": settings.host,
         "port": settings.port,
         "log_level": settings.log_level,
+        "log_config": log_config(),  # uvicorn's, with query values left out of the access log
         "timeout_graceful_shutdown": 5,
         "timeout_keep_alive": settings.keep_alive_s,
         "loop": "uvloop",
-        "http": "httptools",
+        # httptools, with a time limit on each request's line and headers
+        "http": bounded_head_protocol(settings.limits.header_timeout_s),
     }
 
 
@@ -172,6 +177,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
     from rag_stream.ingest.local import reindex_store
     from rag_stream.preflight import migrate
+    from rag_stream.store.db import unavailable
 
     settings = _settings(args)
     _logging("warning")
@@ -182,6 +188,15 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         )
     except ServiceUnavailable as exc:
         print(f"rag-stream reindex: {exc.message}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        # the database lost after the migration (PostgreSQL restarting once initialised, say):
+        # one line, as when the migration itself cannot reach it
+        lost = unavailable(exc)
+        if lost is None:
+            raise
+        said = without_password(str(exc), settings.database_url).strip().splitlines()
+        print(f"rag-stream reindex: {lost.message}: {said[0] if said else ''}", file=sys.stderr)
         return 1
     print(
         f"reindexed {summary.chunks} chunks ({summary.copied} dense vectors copied from the old "

@@ -235,6 +235,23 @@ class LimitsSettings(BaseModel):
         description="The longest wait for the next piece of a request body; a client that sends "
         "its headers and then stalls would otherwise hold a connection indefinitely.",
     )
+    body_deadline_s: float = Field(
+        120.0,
+        gt=0,
+        description="The longest a whole request body may take to arrive, from the service's "
+        "first read of it: body_read_timeout_s bounds each wait, so a client sending a byte at "
+        "a time would otherwise hold its request open indefinitely. At 120 s an upload of "
+        "ingest.max_upload_bytes (20 MiB) needs about 175 KiB/s; raise it for larger uploads "
+        "or slower clients.",
+    )
+    header_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        description="The longest a request's line and headers may take to arrive, from the first "
+        "byte the connection sends after its previous response (`serve` sets it on uvicorn, "
+        "which has no such limit; a connection that sends nothing is closed after "
+        "keep_alive_s).",
+    )
     max_active_streams: int = Field(
         64,
         ge=1,
@@ -550,6 +567,26 @@ class IngestSettings(BaseModel):
         2, ge=1, description="Uploads parsed at once, each in a process kept warm."
     )
     embed_batch_size: int = Field(64, ge=1, description="Chunks embedded in one batch.")
+    background_above_chars: int = Field(
+        50_000,
+        ge=0,
+        description="An upload whose text is longer than this is ingested in the background: "
+        "the request answers 202 with the document's id at once, and GET on the document shows "
+        "its progress (docs/protocol.md). A shorter one is ingested inside its request (a few "
+        "seconds at most), and nothing is stored if its client leaves first.",
+    )
+    max_active: int = Field(
+        8,
+        ge=1,
+        description="Uploads one process ingests at once, in requests and in the background; "
+        "one more is refused with 429 and Retry-After.",
+    )
+    max_active_per_tenant: int = Field(
+        4,
+        ge=1,
+        description="Uploads one process ingests at once for one tenant; one more is refused "
+        "with 429 and Retry-After.",
+    )
     sample_kb: bool = Field(
         False,
         description='Ingest the project\'s docs/ into a knowledge base named "docs" when `serve` '

@@ -10,7 +10,7 @@
 #   FUZZ_DATABASE_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/scratch scripts/fuzz.sh
 #   FUZZ_ENGINE=vllm scripts/fuzz.sh            # real vLLM on the tiny random-weight model
 #
-# FUZZ_EXAMPLES is per operation and per phase: 300 makes about 10,800 test cases. The database
+# FUZZ_EXAMPLES is per operation and per phase: 300 makes about 12,000 test cases. The database
 # must be one you can throw away (the fuzzer creates and deletes KBs). Needs Redis
 # (FUZZ_REDIS_URL, default redis://127.0.0.1:6379/0); its keys get a prefix of their own.
 # Prints a summary, keeps the report and the server log when something failed, and exits

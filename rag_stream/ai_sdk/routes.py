@@ -20,19 +20,24 @@ from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 
 from rag_stream.api.deps import ResourcesDep, TenantDep
+from rag_stream.api.openapi import errors
 from rag_stream.api.streams import stream_wire
 from rag_stream.api.ui_format import ui_frames
 from rag_stream.generation.sampling import sampling_for
 from rag_stream.openai.chat_launch import kb_of, launch_chat
 from rag_stream.resources import Resources
-from rag_stream.schemas.streams import SSE_RESPONSES
+from rag_stream.schemas.event_stream import UI, sse_responses
 from rag_stream.schemas.ui_chat import CHAT_ID_MAX, UI_STREAM_HEADERS, UIChatRequest, UIWire
 from rag_stream.streaming.sse import sse_response
 
 router = APIRouter(tags=["ai-sdk"])
 
 
-@router.post("/v1/ui/chat", response_class=EventSourceResponse, responses=SSE_RESPONSES)
+@router.post(
+    "/v1/ui/chat",
+    response_class=EventSourceResponse,
+    responses={**sse_responses(UI), **errors(404, 413)},
+)
 async def ui_chat(
     body: UIChatRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
 ) -> Response:
@@ -61,7 +66,7 @@ async def ui_chat(
 @router.get(
     "/v1/ui/chat/{chat_id}/stream",
     response_class=EventSourceResponse,
-    responses={**SSE_RESPONSES, 204: {"description": "no answer of this chat is running"}},
+    responses={**sse_responses(UI), 204: {"description": "no answer of this chat is running"}},
 )
 async def resume_ui_chat(
     chat_id: Annotated[str, Path(max_length=CHAT_ID_MAX, description="the chat's id")],

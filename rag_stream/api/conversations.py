@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from rag_stream.api.deps import SessionDep, TenantDep
+from rag_stream.api.query import QueryInt
 from rag_stream.schemas.answers import ConversationOut, MessageOut
 from rag_stream.schemas.conversations import ConversationList
 from rag_stream.store.conversation_list import list_conversations
@@ -20,7 +21,7 @@ router = APIRouter(tags=["conversations"])
 async def conversations(
     session: SessionDep,
     tenant: TenantDep,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    limit: Annotated[QueryInt, Query(ge=1, le=100)] = 20,
     before: Annotated[
         str | None,
         Query(min_length=1, max_length=64, description="next_before from the previous page"),

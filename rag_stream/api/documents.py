@@ -1,4 +1,10 @@
-"""/v1/kbs/{kb}/documents: upload (JSON or a file), list, read and delete documents."""
+"""/v1/kbs/{kb}/documents: upload (JSON or a file), list, read and delete documents.
+
+An upload with a short text is ingested inside its request (201, or 200 for content already
+stored; a client that leaves first gets nothing stored); a longer one answers 202 at once and is
+ingested in the background, its progress at ``GET .../documents/{id}`` (status ``processing``,
+then ``ready`` or ``failed``), and ``DELETE`` on that id stops it. See
+``rag_stream.ingest.service``."""
 
 from __future__ import annotations
 
@@ -11,22 +17,28 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
 from rag_stream.api.deps import IngestorDep, SessionDep, SettingsDep, TenantDep
-from rag_stream.api.uploads import metadata_field, read_body, read_upload
-from rag_stream.errors import InvalidRequest, UnsupportedMediaType
+from rag_stream.api.openapi import errors
+from rag_stream.api.query import QueryBool, QueryInt
+from rag_stream.api.uploads import disconnected, metadata_field, read_body, read_upload
+from rag_stream.errors import InvalidRequest, NotFound, UnsupportedMediaType
+from rag_stream.ingest.background import Accepted
 from rag_stream.ingest.documents import DocumentDraft, parse_upload
 from rag_stream.ingest.parsing import parse_text
+from rag_stream.ingest.service import CallerLeft
 from rag_stream.schemas.kbs import (
     ChunkOut,
     DocumentCreate,
     DocumentDetail,
     DocumentOut,
     DocumentPage,
+    IngestError,
     IngestOut,
     Metadata,
 )
 from rag_stream.settings import IngestSettings
+from rag_stream.store import ingests
 from rag_stream.store import repositories as repo
-from rag_stream.store.models import Document
+from rag_stream.store.models import Document, DocumentIngest
 
 router = APIRouter(prefix="/v1/kbs/{kb}/documents", tags=["documents"])
 
@@ -58,8 +70,13 @@ _UPLOAD_BODY: dict[str, Any] = {
 }
 
 
-def document_out(doc: Document) -> dict[str, Any]:
-    return {
+# What a client left before its in-request ingest ended is answered with (nobody reads it;
+# the access log shows it, as nginx's "client closed request").
+CLIENT_CLOSED_REQUEST = 499
+
+
+def document_out(doc: Document | DocumentIngest) -> dict[str, Any]:
+    out = {
         "id": doc.id,
         "kb_id": doc.kb_id,
         "title": doc.title,
@@ -67,8 +84,19 @@ def document_out(doc: Document) -> dict[str, Any]:
         "media_type": doc.media_type,
         "content_hash": doc.content_hash,
         "metadata": doc.meta,
-        "chunk_count": doc.chunk_count,
         "created_at": doc.created_at,
+    }
+    if isinstance(doc, Document):
+        return {**out, "chunk_count": doc.chunk_count, "chunks_done": doc.chunk_count}
+    error = None
+    if doc.error_code is not None:
+        error = IngestError(code=doc.error_code, message=doc.error_message or "")
+    return {
+        **out,
+        "chunk_count": doc.chunks_total,
+        "chunks_done": doc.chunks_done,
+        "status": doc.status,
+        "error": error,
     }
 
 
@@ -91,7 +119,9 @@ async def _draft(request: Request, settings: IngestSettings) -> DocumentDraft:
             body = DocumentCreate.model_validate_json(raw)
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
-        parsed = await anyio.to_thread.run_sync(parse_text, body.text, body.media_type)
+        parsed = await anyio.to_thread.run_sync(
+            parse_text, body.text, body.media_type, settings.max_text_chars
+        )
         return DocumentDraft(body.title, parsed, body.source, body.metadata)
     if content_type == "multipart/form-data":
         upload = await read_upload(request, limit)
@@ -111,7 +141,21 @@ async def _draft(request: Request, settings: IngestSettings) -> DocumentDraft:
     )
 
 
-@router.post("", status_code=201, response_model=IngestOut, openapi_extra=_UPLOAD_BODY)
+@router.post(
+    "",
+    status_code=201,
+    response_model=IngestOut,
+    openapi_extra=_UPLOAD_BODY,
+    responses={
+        200: {"model": IngestOut, "description": "identical content is already stored"},
+        202: {
+            "model": IngestOut,
+            "description": "a long text, ingested in the background: GET the document's id "
+            "for its progress",
+        },
+        **errors(409, 413, 415),  # a source changing concurrently, the size limit, the type
+    },
+)
 async def upload_document(
     kb: str,
     request: Request,
@@ -119,11 +163,20 @@ async def upload_document(
     settings: SettingsDep,
     ingestor: IngestorDep,
     tenant: TenantDep,
-) -> IngestOut:
+) -> IngestOut | Response:
     # an unknown kb (or another tenant's) is a 404 before the body is read
     found = await ingestor.resolve_kb(kb, tenant=tenant)
     draft = await _draft(request, settings.ingest)
-    result = await ingestor.ingest(found.id, draft, tenant=tenant)
+    try:
+        result = await ingestor.submit(
+            found.id, draft, tenant=tenant, gone=lambda: disconnected(request)
+        )
+    except CallerLeft:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if isinstance(result, Accepted):
+        response.status_code = 202
+        response.headers["Location"] = f"{request.url.path}/{result.ingest.id}"
+        return IngestOut(**document_out(result.ingest), created=result.created)
     if not result.created:
         response.status_code = 200
     return IngestOut(
@@ -138,8 +191,8 @@ async def list_documents(
     kb: str,
     session: SessionDep,
     tenant: TenantDep,
-    limit: Annotated[int, Query(ge=1, le=200)] = 20,
-    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    limit: Annotated[QueryInt, Query(ge=1, le=200)] = 20,
+    offset: Annotated[QueryInt, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> DocumentPage:
     found = await repo.resolve_kb(session, kb, tenant=tenant)
     docs, total = await repo.list_documents(session, found.id, limit, offset)
@@ -154,10 +207,17 @@ async def list_documents(
 
 @router.get("/{doc}")
 async def get_document(
-    kb: str, doc: str, session: SessionDep, tenant: TenantDep, include_chunks: bool = False
+    kb: str, doc: str, session: SessionDep, tenant: TenantDep, include_chunks: QueryBool = False
 ) -> DocumentDetail:
     found = await repo.resolve_kb(session, kb, tenant=tenant)
-    document = await repo.get_document(session, found.id, doc)
+    try:
+        document = await repo.get_document(session, found.id, doc)
+    except NotFound:
+        pending = await ingests.get(session, found.id, doc)
+        if pending is None:
+            raise
+        await session.commit()  # (it may have been found abandoned, and marked failed)
+        return DocumentDetail(**document_out(pending), text=None)
     chunks = None
     if include_chunks:
         chunks = [

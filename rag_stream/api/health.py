@@ -16,12 +16,34 @@ logger = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
 
 
+def _readiness(status: str) -> dict[str, object]:
+    """The body of /readyz (its own shape, not the error body), for the OpenAPI document."""
+    return {
+        "type": "object",
+        "required": ["status", "checks"],
+        "properties": {
+            "status": {"const": status},
+            "checks": {"type": "object", "additionalProperties": {"type": "string"}},
+            "failing": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+
+
+_READYZ_RESPONSES: dict[int | str, dict[str, object]] = {
+    200: {"content": {"application/json": {"schema": _readiness("ready")}}},
+    503: {
+        "description": "a dependency is down, or the engine is still starting",
+        "content": {"application/json": {"schema": _readiness("unavailable")}},
+    },
+}
+
+
 @router.get("/healthz")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses=_READYZ_RESPONSES)
 async def readyz(resources: ResourcesDep) -> JSONResponse:
     checks: dict[str, str] = {"engine": resources.engines.state}
     probes: dict[str, Callable[[], Awaitable[object]]] = {

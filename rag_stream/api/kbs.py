@@ -6,6 +6,7 @@ from fastapi import APIRouter, Response
 
 from rag_stream.api.deps import IngestorDep, SessionDep, TenantDep
 from rag_stream.api.documents import document_out
+from rag_stream.api.openapi import errors
 from rag_stream.schemas.kbs import ChunkDetail, DocumentOut, KbCreate, KbList, KbOut
 from rag_stream.store import repositories as repo
 from rag_stream.store.repositories import KbStats
@@ -25,7 +26,7 @@ def kb_out(stats: KbStats) -> KbOut:
     )
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses=errors(409))
 async def create_kb(body: KbCreate, session: SessionDep, tenant: TenantDep) -> KbOut:
     kb = await repo.create_kb(session, body.name, body.description, tenant=tenant)
     return kb_out(KbStats(kb, 0, 0))

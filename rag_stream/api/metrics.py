@@ -5,19 +5,21 @@ from __future__ import annotations
 import contextlib
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 
 from rag_stream.api.browser_guard import is_loopback
 from rag_stream.api.deps import BearerDep, ResourcesDep
+from rag_stream.api.openapi import errors
 from rag_stream.errors import NotFound
 from rag_stream.kv.metrics import kv_stats
 
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics")
+# (documented as text: Prometheus's exposition format; 404 when security.metrics hides it)
+@router.get("/metrics", response_class=PlainTextResponse, responses=errors(404))
 async def metrics(request: Request, resources: ResourcesDep, bearer: BearerDep) -> Response:
     exposure = resources.settings.security.metrics
     client = request.client.host if request.client else ""

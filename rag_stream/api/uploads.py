@@ -74,6 +74,13 @@ async def read_upload(request: Request, limit: int) -> Upload:
         await form.close()
 
 
+async def disconnected(request: Request) -> None:
+    """Returns when the client has gone (``http.disconnect``); call it once the body is read
+    (before, it would swallow the body's messages)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _reason(exc: MultiPartException) -> str:
     """Starlette's message; for a parse error (its "Invalid multipart data."), the parser's own
     reason, which says what was wrong (say, a file name of thousands of characters). Starlette

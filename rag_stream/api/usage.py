@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from rag_stream.api.deps import SessionDep, TenantDep
+from rag_stream.api.query import QueryDatetime
 from rag_stream.errors import InvalidRequest
 from rag_stream.schemas.tenants import UsageOut, UsageTotals
 from rag_stream.store.streams import usage_by_kind
@@ -36,11 +37,12 @@ async def usage(
     session: SessionDep,
     tenant: TenantDep,
     from_: Annotated[
-        datetime | None,
+        QueryDatetime | None,
         Query(alias="from", description="ISO 8601, inclusive (default: `to` minus 30 days)"),
     ] = None,
     to: Annotated[
-        datetime | None, Query(description="ISO 8601, exclusive (default: now); UTC if no offset")
+        QueryDatetime | None,
+        Query(description="ISO 8601, exclusive (default: now); UTC if no offset"),
     ] = None,
 ) -> UsageOut:
     """Streams of the caller's tenant that ended in [from, to): requests and tokens, in total

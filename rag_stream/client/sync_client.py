@@ -5,6 +5,8 @@ hand) and ``Client`` (sync_client.py, generated from it by scripts/gen_sync_clie
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from datetime import datetime
 from os import PathLike
 from pathlib import Path
@@ -15,7 +17,7 @@ import httpx
 
 from rag_stream.client import calls
 from rag_stream.client.errors import api_error
-from rag_stream.client.flavours import read_bytes
+from rag_stream.client.flavours import read_bytes, sleep
 from rag_stream.client.options import (
     DEFAULT_TIMEOUT,
     AnswerOptions,
@@ -28,6 +30,7 @@ from rag_stream.client.options import (
 )
 from rag_stream.client.resume import Resumer
 from rag_stream.client.sync_stream import EventStream
+from rag_stream.errors import RagStreamError, from_code
 from rag_stream.schemas.answers import AnswerResponse, ConversationOut
 from rag_stream.schemas.conversations import ConversationList
 from rag_stream.schemas.generate import GenerateResponse
@@ -49,6 +52,9 @@ from rag_stream.schemas.tenants import UsageOut
 
 T = TypeVar("T")
 FileInput = str | PathLike[str] | tuple[str, bytes]
+# called with the document each time a wait for its ingest reads it (status, chunks_done of
+# chunk_count): to draw a progress bar, say
+OnProgress = Callable[[DocumentDetail], None]
 
 
 class Client:
@@ -148,8 +154,14 @@ class Client:
         metadata: Metadata | None = None,
         source: str | None = None,
         media_type: str | None = None,
+        wait: bool = True,
+        on_progress: OnProgress | None = None,
     ) -> IngestOut:
-        return self._send(calls.add_document(kb, title, text, metadata, source, media_type))
+        """Add a text. A long one is ingested in the background (the server answers 202):
+        with ``wait`` this returns once it is ready (``on_progress`` sees each step; a failure
+        raises its error), without it at once, ``status`` ``processing``."""
+        call = calls.add_document(kb, title, text, metadata, source, media_type)
+        return self._settled(kb, self._send(call), wait, on_progress)
 
     def upload_file(
         self,
@@ -160,15 +172,50 @@ class Client:
         source: str | None = None,
         metadata: Metadata | None = None,
         content_type: str | None = None,
+        wait: bool = True,
+        on_progress: OnProgress | None = None,
     ) -> IngestOut:
-        """Upload a .txt, .md, .html or .pdf: a path, or ``(filename, content)``."""
+        """Upload a .txt, .md, .html or .pdf: a path, or ``(filename, content)``. A long one
+        is ingested in the background, and waited for as ``add_document`` says."""
         if isinstance(file, tuple):
             name, content = file
         else:
             path = Path(file)
             name, content = path.name, read_bytes(path)
         upload = calls.upload_file(kb, (name, content, content_type), title, source, metadata)
-        return self._send(upload)
+        return self._settled(kb, self._send(upload), wait, on_progress)
+
+    def wait_document(
+        self,
+        kb: str,
+        doc: str,
+        *,
+        on_progress: OnProgress | None = None,
+        poll_s: float = 1.0,
+        timeout_s: float | None = None,
+    ) -> DocumentDetail:
+        """Read the document every ``poll_s`` until its ingest has ended: the document once
+        ``ready``; its error raised once ``failed`` (``TimeoutError`` after ``timeout_s``)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            document = self.get_document(kb, doc)
+            if on_progress is not None:
+                on_progress(document)
+            if document.status == "ready":
+                return document
+            if document.status == "failed":
+                raise _failure(document)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"document {doc} is still being ingested after {timeout_s} s")
+            sleep(poll_s)
+
+    def _settled(
+        self, kb: str, accepted: IngestOut, wait: bool, on_progress: OnProgress | None
+    ) -> IngestOut:
+        if not wait or accepted.status != "processing":
+            return accepted
+        done = self.wait_document(kb, accepted.id, on_progress=on_progress)
+        return IngestOut(**done.model_dump(exclude={"text", "chunks"}), created=accepted.created)
 
     def list_documents(self, kb: str, *, limit: int = 20, offset: int = 0) -> DocumentPage:
         return self._send(calls.list_documents(kb, limit, offset))
@@ -280,3 +327,13 @@ class Client:
     def metrics(self) -> str:
         """``/metrics``: the Prometheus text format (parse it with ``prometheus_client``)."""
         return self._send(calls.metrics())
+
+
+def _failure(document: DocumentDetail) -> RagStreamError:
+    """A failed document's error as the exception of its code."""
+    code, message = "internal_error", "the ingest failed"
+    if document.error is not None:
+        code, message = document.error.code, document.error.message
+    exc = from_code(code, f"document {document.id}: {message}")
+    exc.code = code
+    return exc

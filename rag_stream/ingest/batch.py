@@ -12,6 +12,9 @@ from rag_stream.ingest.documents import DocumentDraft, DocumentPreparer, Prepare
 from rag_stream.ingest.writer import DocumentWriter, IngestResult, Outcome
 
 OnOutcome = Callable[[Any, Outcome], None]
+# (chunks embedded, chunks in the wave) after each embedding step: progress within a wave,
+# which for one large file is the whole ingest
+OnChunks = Callable[[int, int], None]
 
 
 class IngestBatch:
@@ -25,12 +28,14 @@ class IngestBatch:
         kb_id: str,
         on_outcome: OnOutcome | None,
         wave_chunks: int,
+        on_chunks: OnChunks | None = None,
     ) -> None:
         self._preparer = preparer
         self._writer = writer
         self._kb_id = kb_id
         self._on_outcome = on_outcome
         self._wave_chunks = wave_chunks
+        self._on_chunks = on_chunks
         self._wave: list[tuple[Any, PreparedDocument]] = []
         self._chunks = 0
 
@@ -59,7 +64,13 @@ class IngestBatch:
         wave, self._wave, self._chunks = self._wave, [], 0
         if not wave:
             return
-        outcomes = await self._writer.write([prepared for _, prepared in wave])
+        total = sum(len(prepared.chunk_ids) for _, prepared in wave)
+
+        async def progress(done: int) -> None:
+            if self._on_chunks is not None:
+                self._on_chunks(done, total)
+
+        outcomes = await self._writer.write([prepared for _, prepared in wave], progress)
         for (tag, _), outcome in zip(wave, outcomes, strict=True):
             self._report(tag, outcome)
 

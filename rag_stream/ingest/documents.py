@@ -40,6 +40,8 @@ class PreparedDocument:
     document: Document
     spans: list[ChunkSpan]
     chunk_ids: list[str]
+    # written in place of the background ingest of the same id (store/ingests.py claim)
+    from_ingest: bool = False
 
 
 # The parse limits of callers that pass no settings (the upload route, for now).
@@ -92,10 +94,13 @@ class DocumentPreparer:
             chunk_text, parsed, self._embedder.token_offsets, self.max_tokens, self._overlap
         )
 
-    async def prepare(self, kb_id: str, draft: DocumentDraft) -> PreparedDocument | Document:
+    async def prepare(
+        self, kb_id: str, draft: DocumentDraft, *, ingest_id: str | None = None
+    ) -> PreparedDocument | Document:
         """The draft chunked and ready to write, or the document of the knowledge base that
         already has the same content. NotFound for an unknown knowledge base, InvalidRequest for
-        a draft with nothing to index."""
+        a draft with nothing to index. With ``ingest_id`` the document takes the id of that
+        background ingest, and its commit replaces the ingest's row."""
         text = require_text(draft)
         digest = content_hash(text)
         async with self._sessions() as session:
@@ -108,7 +113,7 @@ class DocumentPreparer:
         if not spans:
             raise InvalidRequest("document has no text that can be indexed")
         document = Document(
-            id=new_id(),
+            id=ingest_id or new_id(),
             kb_id=kb_id,
             title=draft.title[:512],
             source=draft.source,
@@ -118,4 +123,5 @@ class DocumentPreparer:
             meta=dict(draft.meta),
             chunk_count=len(spans),
         )
-        return PreparedDocument(document, spans, [new_id() for _ in spans])
+        chunk_ids = [new_id() for _ in spans]
+        return PreparedDocument(document, spans, chunk_ids, from_ingest=ingest_id is not None)

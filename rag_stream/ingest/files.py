@@ -18,6 +18,7 @@ from rag_stream.errors import (
     RagStreamError,
     UnsupportedMediaType,
 )
+from rag_stream.ingest.batch import OnChunks
 from rag_stream.ingest.documents import DocumentDraft, parse_upload
 from rag_stream.ingest.parsing import SUPPORTED_SUFFIXES
 from rag_stream.ingest.service import Ingestor
@@ -87,6 +88,7 @@ async def ingest_files(
     files: Iterable[Path],
     source_for: Callable[[Path], str],
     on_file: OnFile | None = None,
+    on_chunks: OnChunks | None = None,
 ) -> IngestSummary:
     """Ingest files, embedding several at a time; a file that cannot be read is reported and
     skipped. ``on_file`` is called once per file, with None when it failed. Parsing is bounded
@@ -108,7 +110,7 @@ async def ingest_files(
         if on_file is not None:
             on_file(path, outcome if isinstance(outcome, IngestResult) else None)
 
-    async with ingestor.batch(kb_id, record) as batch:
+    async with ingestor.batch(kb_id, record, on_chunks) as batch:
         for path in files:
             try:
                 data = await anyio.to_thread.run_sync(path.read_bytes)

@@ -94,12 +94,17 @@ async def ingest_paths(
                 bar.set_postfix_str(path.name[-40:], refresh=False)
                 bar.update()
 
+            def embedding(done: int, total: int) -> None:
+                # a large file is one wave of minutes: the bar moves within it too
+                bar.set_postfix_str(f"embedding {done}/{total} chunks")
+
             summary = await ingest_files(
                 stack.ingestor,
                 kb.id,
                 files,
                 source_for=lambda p: p.resolve().as_posix(),
                 on_file=advance,
+                on_chunks=embedding,
             )
         await stack.vectors.optimize()  # this process ends now: index what it wrote
     return summary, others

@@ -115,8 +115,10 @@ def _check_length(media_type: str, length: int, limit: int | None, where: str = 
         )
 
 
-def parse_text(text: str, media_type: str) -> ParsedText:
-    """Text that arrived as a JSON string: plain or Markdown."""
+def parse_text(text: str, media_type: str, max_text_chars: int | None = None) -> ParsedText:
+    """Text that arrived as a JSON string: plain or Markdown, held to the limit a file's text
+    is (PayloadTooLarge past ``max_text_chars``)."""
+    _check_length(media_type, len(text), max_text_chars)
     if media_type == MARKDOWN:
         return parse_markdown(text)
     if media_type == PLAIN:

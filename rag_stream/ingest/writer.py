@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -35,6 +35,7 @@ from rag_stream.ingest.documents import PreparedDocument
 from rag_stream.retrieval.embedder import Embedder
 from rag_stream.retrieval.sparse import SparseEncoder
 from rag_stream.retrieval.vector_store import VectorPoint, VectorStore
+from rag_stream.store import ingests
 from rag_stream.store import repositories as repo
 from rag_stream.store.models import Chunk, Document, KnowledgeBase
 
@@ -51,6 +52,8 @@ class IngestResult:
 
 
 Outcome = IngestResult | RagStreamError
+# called with the number of the wave's chunks embedded so far; raising stops the write
+OnProgress = Callable[[int], Awaitable[None]]
 
 
 class DocumentWriter:
@@ -68,14 +71,17 @@ class DocumentWriter:
         self._embed_batch_size = embed_batch_size
         self._sparse = sparse
 
-    async def write(self, wave: Sequence[PreparedDocument]) -> list[Outcome]:
+    async def write(
+        self, wave: Sequence[PreparedDocument], on_progress: OnProgress | None = None
+    ) -> list[Outcome]:
         """Write vectors for the whole wave, then commit document by document; one outcome per
         document (NotFound and Conflict are outcomes, other failures raise). Vectors of a
-        document that did not commit (failure, or identical content won elsewhere) are removed."""
+        document that did not commit (failure, cancellation, or identical content won
+        elsewhere) are removed."""
         outcomes: list[Outcome] = []
         committed: set[int] = set()
         try:
-            await self._write_vectors(wave)
+            await self._write_vectors(wave, on_progress)
             for i, prepared in enumerate(wave):
                 try:
                     result = await self._commit(prepared)
@@ -115,7 +121,9 @@ class DocumentWriter:
             except Exception as exc:
                 log.warning("kb delete: second vector sweep failed: %s", exc)
 
-    async def _write_vectors(self, wave: Sequence[PreparedDocument]) -> None:
+    async def _write_vectors(
+        self, wave: Sequence[PreparedDocument], on_progress: OnProgress | None
+    ) -> None:
         # Sorted by length, the slices pad as little as one encode() over everything would,
         # and while slice n+1 is embedded in a worker thread, slice n is written to Qdrant.
         items = sorted(
@@ -144,6 +152,8 @@ class DocumentWriter:
                 if pending is not None:
                     await pending
                 pending = asyncio.create_task(self._vectors.upsert(points))
+                if on_progress is not None:
+                    await on_progress(i + len(batch))
             if pending is not None:
                 await pending
         finally:
@@ -185,10 +195,15 @@ class DocumentWriter:
                         old_ids = await repo.chunk_ids(session, old.id)
                         await session.delete(old)
                         await session.flush()  # the delete must reach SQL before the insert
+                    if prepared.from_ingest and not await ingests.claim(session, document.id):
+                        raise NotFound(f"document {document.id!r} was deleted during its ingest")
                     session.add(document)
                     await session.flush()
                     await session.execute(insert(Chunk), rows)
-                    await session.commit()
+                    # once sent, a commit is seen through: cancelled half-way, the rows could be
+                    # stored while the caller (taking it for failed) deleted their vectors
+                    with anyio.CancelScope(shield=True):
+                        await session.commit()
                 except (IntegrityError, StaleDataError):
                     await session.rollback()
                     session.expunge_all()

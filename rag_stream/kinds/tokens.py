@@ -74,10 +74,14 @@ async def run_tokens(
         run.prompt_tokens = step.prompt_tokens
         run.cached_tokens = step.cached_tokens
         run.completion_tokens += len(step.token_ids)
-        ids = [t for t in step.token_ids if t not in engine.stop_token_ids]
-        delta = detok.push(ids) if ids else None
-        if delta is not None:
-            yield delta
+        # One token at a time, however many a step brings (an engine handing over a burst to
+        # a reader that fell behind, or a speculative step): an event then holds what the
+        # stream's coalescing rule says, not whatever the engine's pace happened to be.
+        for token_id in step.token_ids:
+            if token_id not in engine.stop_token_ids:
+                delta = detok.push((token_id,))
+                if delta is not None:
+                    yield delta
         if step.finish_reason is not None:
             run.finish_reason = step.finish_reason
             break

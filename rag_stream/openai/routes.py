@@ -19,12 +19,15 @@ from fastapi.responses import JSONResponse, Response
 
 from rag_stream.api.chat_format import chat_completion, chat_frames
 from rag_stream.api.deps import ResourcesDep, TenantDep
+from rag_stream.api.openapi import errors
 from rag_stream.errors import BadRequest, ModelNotFound
 from rag_stream.generation.sampling import sampling_for
 from rag_stream.openai.chat_launch import kb_of, launch_chat
+from rag_stream.schemas.event_stream import CHAT, sse_responses
 from rag_stream.schemas.openai import (
     KB_MODEL_PREFIX,
     SOURCES_HEADER,
+    ChatCompletion,
     ChatCompletionRequest,
     ChatWire,
     ModelCard,
@@ -73,7 +76,11 @@ async def model(
     )
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    responses={**sse_responses(CHAT, json=ChatCompletion), **errors(404, 413)},
+)
 async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,

@@ -13,6 +13,7 @@ computed again when the model's files change, so a stale export is refused, not 
 
 from __future__ import annotations
 
+import copy as copy_module
 import json
 import logging
 import os
@@ -61,7 +62,8 @@ class OnnxEmbedder:
         self._plain = Tokenizer.from_file(path)
         self._plain.no_truncation()
         self._plain.no_padding()
-        self._transformer = OnnxTransformer(onnx_file(model_dir))
+        self._model_file = onnx_file(model_dir)
+        self._transformer = OnnxTransformer(self._model_file)
 
     @classmethod
     async def open(cls, model_dir: Path, batch_size: int = 64) -> OnnxEmbedder:
@@ -83,6 +85,14 @@ class OnnxEmbedder:
                 " delete its onnx/ folder and run `rag-stream prepare-models`, or set "
                 "RAG_STREAM_EMBEDDER_BACKEND=torch"
             )
+
+    def single_threaded(self) -> OnnxEmbedder:
+        """A copy whose model runs on the calling thread alone (an ONNX session of its own,
+        the tokenizers shared): for work that is to leave the other cores, and the CPU when
+        anything else wants it, to the rest (a background ingest on a low-priority thread)."""
+        copy = copy_module.copy(self)
+        copy._transformer = OnnxTransformer(self._model_file, threads=1)
+        return copy
 
     def encode_sync(self, texts: Sequence[str]) -> Vectors:
         if not texts:

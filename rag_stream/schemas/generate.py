@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
 from rag_stream.schemas.events import Timings, Usage
 
@@ -17,7 +18,24 @@ SEED_MAX = 2**63 - 1
 # request is accepted, with its own message; this bound keeps absurd numbers out before that.
 MAX_TOKENS_CEILING = 1_000_000
 
-Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX, description="a signed 64-bit integer")]
+
+def _seed_bound(schema: JsonDict) -> None:
+    """The upper bound as ``exclusiveMaximum`` 2^63 in the schema: FastAPI's document holds
+    bounds as floats on the way (api/openapi.py turns them back into integers), and 2^63 - 1
+    would become 2^63, while 2^63 is a float exactly."""
+    del schema["maximum"]
+    schema["exclusiveMaximum"] = SEED_MAX + 1
+
+
+Seed = Annotated[
+    int,
+    Field(
+        ge=SEED_MIN,
+        le=SEED_MAX,
+        description="a signed 64-bit integer",
+        json_schema_extra=_seed_bound,
+    ),
+]
 MaxTokens = Annotated[
     int,
     Field(ge=1, le=MAX_TOKENS_CEILING, description="at most the server's limits.max_tokens"),

@@ -141,6 +141,16 @@ class DocumentCreate(BaseModel):
         return value
 
 
+# processing: a large upload being ingested in the background (not searchable yet); ready:
+# stored whole and searchable; failed: its ingest stopped (``error`` says why), nothing stored.
+DocumentStatus = Literal["processing", "ready", "failed"]
+
+
+class IngestError(BaseModel):
+    code: str
+    message: str
+
+
 class DocumentOut(BaseModel):
     id: str
     kb_id: str
@@ -149,12 +159,21 @@ class DocumentOut(BaseModel):
     media_type: str
     content_hash: str
     metadata: dict[str, Any]
-    chunk_count: int
+    chunk_count: int = Field(description="chunks of the document (processing: 0 until chunked)")
     created_at: datetime
+    status: DocumentStatus = Field(
+        "ready",
+        description="processing (ingested in the background, not searchable yet), ready "
+        "(searchable, whole), or failed (nothing was stored; see error)",
+    )
+    chunks_done: int = Field(0, description="chunks embedded so far, of chunk_count")
+    error: IngestError | None = Field(None, description="why the ingest failed")
 
 
 class IngestOut(DocumentOut):
-    created: bool = Field(description="false when identical content was already stored")
+    created: bool = Field(
+        description="false when identical content was already stored (or is being ingested)"
+    )
     replaced_document_id: str | None = Field(
         None, description="the previous version with the same source, now deleted"
     )
@@ -178,7 +197,7 @@ class ChunkDetail(ChunkOut):
 
 
 class DocumentDetail(DocumentOut):
-    text: str
+    text: str | None = Field(description="the document's text; null until it is ready")
     chunks: list[ChunkOut] | None = None
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic.config import JsonDict
 
 from rag_stream.schemas.answers import TOP_K_CEILING
 from rag_stream.schemas.events import CitationBody
@@ -72,11 +73,36 @@ class ContentPart(BaseModel):
         return self
 
 
+def _user_needs_text(schema: JsonDict) -> None:
+    """A user message's ``content`` is required and not empty, in the schema as in OpenAI's: a
+    branch per role, over the message's own properties (the check itself is
+    ChatCompletionRequest's, whose 400 names the message by its index)."""
+    text_part: JsonDict = {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string", "minLength": 1}},
+    }
+    text: JsonDict = {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": text_part, "minItems": 1},
+        ]
+    }
+    others: list[JsonValue] = ["system", "developer", "assistant"]
+    schema["anyOf"] = [
+        {"properties": {"role": {"const": "user"}, "content": text}, "required": ["content"]},
+        {"properties": {"role": {"enum": others}}},
+    ]
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # name, refusal, ...: not used
+    # (other fields, name, refusal, ...: not used)
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_user_needs_text)
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart] | None = Field(
+        None, description="the text, or text parts; a user message must have some"
+    )
 
     @property
     def text(self) -> str:
@@ -177,6 +203,14 @@ class ChatCompletionRequest(BaseModel):
             raise UnsupportedParameter("stop", "at most 4 stop sequences")
         if not any(m.role == "user" for m in self.messages):
             raise UnsupportedParameter("messages", "messages must contain a user message")
+        for i, message in enumerate(self.messages):
+            # OpenAI refuses these too; an empty question would reach the model as nothing
+            if message.role == "user" and not message.text:
+                given = "null" if message.content is None else "empty"
+                raise UnsupportedParameter(
+                    f"messages[{i}].content",
+                    f"messages[{i}].content: a user message must have text, not {given} content",
+                )
         if self.messages[-1].role != "user":
             raise UnsupportedParameter(
                 "messages", "the last message must be the user's (the question to answer)"

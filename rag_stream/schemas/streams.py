@@ -2,42 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, get_args
-
 from pydantic import BaseModel
 
-from rag_stream.schemas.events import Event
+# (a native event stream's ``responses=``: routes of job events import it from here)
+from rag_stream.schemas.event_stream import SSE_RESPONSES
+
+__all__ = ["EVENT_ID_MAX", "SSE_RESPONSES", "CancelResponse", "StreamStatus"]
 
 # Event ids count from 0 in each stream; no stream comes near this, and a cursor above it (a
 # signed 64-bit integer, what every store holds) is refused before it reaches one.
 EVENT_ID_MAX = 2**63 - 1
-
-_EVENT_TYPES = sorted(m.model_fields["type"].default for m in get_args(get_args(Event)[0]))
-
-# OpenAPI for an SSE response (``responses=SSE_RESPONSES`` on a route): the schema describes one
-# event as clients parse it; docs/protocol.md has each type's JSON body.
-SSE_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "server-sent events, one per frame (docs/protocol.md)",
-        "content": {
-            "text/event-stream": {
-                "schema": {
-                    "type": "object",
-                    "required": ["event", "data"],
-                    "properties": {
-                        "id": {
-                            "type": "string",
-                            "pattern": "^[0-9]+$",
-                            "description": "absent on an error the reader itself hit",
-                        },
-                        "event": {"enum": _EVENT_TYPES},
-                        "data": {"type": "string", "description": "the event's JSON body"},
-                    },
-                }
-            }
-        },
-    }
-}
 
 
 class StreamStatus(BaseModel):

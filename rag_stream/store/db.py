@@ -36,12 +36,24 @@ def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -
     cur.close()
 
 
+def _server_unreachable(exc: DBAPIError) -> bool:
+    """PostgreSQL refusing connections for now, which asyncpg's driver reports as a plain
+    ``Error``: SQLSTATE class 08 (connection exception) or 57P (shutting down, or "the
+    database system is starting up" right after a restart)."""
+    orig = exc.orig
+    for error in (orig, getattr(orig, "__cause__", None)):
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if isinstance(state, str):
+            return state.startswith(("08", "57P"))
+    return False
+
+
 def unavailable(exc: BaseException) -> DatabaseUnavailable | None:
     """The 503 for an error that says the database cannot be reached now (restarting, a
     connection it closed, refused), or None for any other error. Seen restarting PostgreSQL
     under running streams: such errors came out as 500 internal_error."""
     lost = isinstance(exc, OperationalError | InterfaceError) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated
+        isinstance(exc, DBAPIError) and (exc.connection_invalidated or _server_unreachable(exc))
     )
     if lost or isinstance(exc, ConnectionError):  # (asyncpg's connect: refused, reset)
         return DatabaseUnavailable(f"database unavailable: {type(exc).__name__}")

@@ -133,6 +133,33 @@ class Document(Base):
     )
 
 
+class DocumentIngest(Base):
+    """An upload being ingested in the background, or one whose ingest failed. The document
+    row (with its chunks) is written only once the whole document is embedded, in the same
+    transaction that deletes this row, so search never sees part of a document; until then
+    ``GET .../documents/{id}`` reads this row (the document gets the same id)."""
+
+    __tablename__ = "document_ingests"
+
+    id: Mapped[str] = mapped_column(NulFreeString(32), primary_key=True, default=new_id)
+    kb_id: Mapped[str] = mapped_column(
+        ForeignKey("knowledge_bases.id", ondelete="CASCADE"), index=True
+    )
+    title: Mapped[str] = mapped_column(NulFreeString(512))
+    source: Mapped[str | None] = mapped_column(NulFreeString(1024))
+    content_hash: Mapped[str] = mapped_column(NulFreeString(64))
+    media_type: Mapped[str] = mapped_column(NulFreeString(128))
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    status: Mapped[str] = mapped_column(NulFreeString(16), default="processing")
+    chunks_total: Mapped[int] = mapped_column(Integer, default=0)  # 0 until chunked
+    chunks_done: Mapped[int] = mapped_column(Integer, default=0)
+    error_code: Mapped[str | None] = mapped_column(NulFreeString(64))
+    error_message: Mapped[str | None] = mapped_column(NulFreeText)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # renewed while a process works on it: a processing row left stale was abandoned
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Chunk(Base):
     __tablename__ = "chunks"
     __table_args__ = (Index("ix_chunks_document_ordinal", "document_id", "ordinal"),)

@@ -48,6 +48,7 @@ class Producers:
         self.feeds = feeds
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._writers: dict[str, StreamWriter] = {}
         self._flusher = Flusher(event_log, cfg)
 
     @property
@@ -57,6 +58,15 @@ class Producers:
 
     def owns(self, stream_id: str) -> bool:
         return stream_id in self._tasks
+
+    def hear_now(self, stream_id: str) -> None:
+        """Have the stream's writer, if this process runs it, ask the log at once (an empty
+        append) rather than at its next renewal: the answer carries a cancel just requested,
+        which a stream with no events to write (queued, planning, searching) would otherwise
+        learn only up to ``renew_interval_s`` later."""
+        writer = self._writers.get(stream_id)
+        if writer is not None:
+            self._flusher.request(writer, urgent=True)
 
     async def start(
         self,
@@ -138,15 +148,20 @@ class Producers:
             abandonable=not new.detached,
             abandon_after_s=new.abandon_after_s,
         )
+        self._writers[sid] = writer
         try:
             # the writer renews the lease while the stream waits for its generation slot
-            async with contextlib.nullcontext() if ticket is None else ticket.slot():
+            async with contextlib.AsyncExitStack() as slot:
+                if ticket is not None:
+                    await _wait_for_slot(slot, ticket, writer)
                 await self._run(sid, new, writer, make, cancelled)
         except asyncio.CancelledError:
             # shutting down while waiting for a slot: leave the stream to another process
             self._flusher.remove(writer)
             feeds.stop_producing(sid)
             raise
+        finally:
+            self._writers.pop(sid, None)
 
     async def _run(
         self,
@@ -276,6 +291,34 @@ class Producers:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._flusher.close()
+
+
+async def _wait_for_slot(
+    stack: contextlib.AsyncExitStack, ticket: Ticket, writer: StreamWriter
+) -> None:
+    """Hold the ticket's generation slot for the rest of ``stack``, unless the stream stops
+    while it waits (a cancel): then it gives its place up and goes on without a slot, since all
+    it does next is write its end (``_run`` runs no producer for a stopped stream)."""
+    stopped = asyncio.Event()
+
+    async def note_stop() -> None:
+        stopped.set()
+
+    writer.on_stop(note_stop)
+    waiting = asyncio.ensure_future(stack.enter_async_context(ticket.slot()))
+    stop = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait((waiting, stop), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not waiting.done():
+            # the ticket leaves the queue and is freed (Ticket.slot); a slot handed over
+            # meanwhile passes on to the next waiter (Admission._acquire)
+            waiting.cancel()
+            await asyncio.wait((waiting,))
+            ticket.release()  # (only needed if the wait was cancelled before it began)
+    if not waiting.cancelled():
+        waiting.result()  # the slot is held (or its wait failed: raise that)
 
 
 def error_event(event_id: int, exc: BaseException) -> ErrorEvent:

@@ -25,6 +25,7 @@ from rag_stream.schemas.events import (
 from tests.support.kb import make_kb
 from tests.support.proxy import TcpProxy
 from tests.support.server import ServerProcess
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.engine
 
@@ -221,6 +222,46 @@ async def test_cancelling_a_job_mid_section_keeps_the_sections_written(
         await client.delete_job(job.id)
         with pytest.raises(NotFound):
             await client.get_job(job.id)
+
+
+def _generating(metrics: str) -> float:
+    """The streams the server is generating (each one's producer holds its engine request)."""
+    families = text_string_to_metric_families(metrics)
+    return next(
+        sample.value
+        for family in families
+        if family.name == "rag_stream_active_streams"
+        for sample in family.samples
+    )
+
+
+async def test_cancelling_a_job_while_its_outline_is_planned_ends_it_cancelled_at_once(
+    server: ServerProcess, kb: str
+) -> None:
+    """The tiny model's random weights never write an exact outline: a job that goes on
+    planning after the cancel retries, then ends ``failed`` (``outline_failed``), as it did
+    (the cancel call waited 10 s and answered ``queued``). Planning takes it about 0.7 s here
+    (two attempts); the cancel goes out as soon as the job is created, with no reader to wait
+    for (one may lag the model on a busy machine)."""
+    async with AsyncClient(server.url) as client:
+        job = await client.create_job(kb, TITLE, sections=5, section_tokens=8)
+        started = time.monotonic()
+        answer = await client.cancel_job(job.id)
+        took = time.monotonic() - started
+        assert answer.status == "cancelled" and answer.error is None, answer
+        assert took < 1.0, took
+        events = [e async for e in client.follow_job(job.id)]
+        # it was planning: it had begun (`job`), and no outline came
+        assert [type(e) for e in events] == [StreamStarted, JobStarted, Done], events
+        done = events[-1]
+        assert isinstance(done, Done) and done.finish_reason == "cancelled"
+        await client.delete_job(job.id)
+
+        async def idle() -> bool:
+            return _generating(await client.metrics()) == 0
+
+        # nothing runs for it any more, its engine request (aborted) included
+        await eventually(idle, "the job's producer ended", timeout_s=5)
 
 
 def test_job_errors_come_back_typed(server: ServerProcess, kb: str) -> None:

@@ -2,8 +2,9 @@
 operation in /openapi.json with a valid key, positive and negative inputs, then stateful
 sequences along the links schemathesis infers (create a KB, then read, search, upload to and
 delete it; start a job, then follow, read and cancel it...); then every operation without a
-valid key. What it checks and why: tests/support/fuzz.py; scripts/fuzz.sh runs the same,
-longer.
+valid key. Every answer must be no 5xx, of a status and media type the operation documents, and
+valid against its schema (each SSE frame too). What it checks and why: tests/support/fuzz.py;
+scripts/fuzz.sh runs the same, longer.
 
 The server runs the stub engine without pacing (no vLLM: streams end in milliseconds) and
 small jobs, so no operation needs excluding; once on SQLite, once on PostgreSQL.

@@ -1,11 +1,14 @@
 """Hostile inputs through the HTTP API (the service in the test process on the stub engine,
 tests/support/inprocess.py; SQLite, and PostgreSQL where the database is the point; vLLM's own
 bounds on a real server process): numbers past what the engine or SQL can hold, odd resume
-cursors, NUL characters, over-long form fields, and the offsets of every datetime the API
-returns. Each gets a 4xx naming the problem, or a correct answer; never a 500."""
+cursors, NUL characters, over-long form fields, the offsets of every datetime the API returns,
+and bodies no JSON parser can read. Each gets a 4xx naming the problem, or a correct answer;
+never a 500."""
 
 from __future__ import annotations
 
+import gzip
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -13,7 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.routing import APIRoute
 
+from rag_stream.schemas.openai import OPENAI_PATHS
 from tests.support.inprocess import InProcess, InProcessFactory
 from tests.support.inprocess import read_stream as aread_stream
 from tests.support.server import ServerProcess
@@ -361,3 +366,98 @@ async def test_usage_periods_at_the_ends_of_the_calendar_are_answered(
     assert (body["from"], body["to"]) == period
     widest = query.get("to", "").startswith("9999") and query.get("from", "").startswith("0001")
     assert (body["total"]["requests"] > 0) == widest
+
+
+# Bodies that cannot be decoded as JSON: the same answer from every route that takes JSON
+
+
+def _json_routes(service: InProcess, kb: str) -> list[str]:
+    """Every route FastAPI reads a JSON body for (so a route added later is covered too), and
+    the documents route, which reads its own."""
+    paths = [
+        route.path.replace("{kb}", kb)
+        for route in service.app.routes
+        if isinstance(route, APIRoute) and route.body_field is not None
+    ]
+    assert {
+        "/v1/generate",
+        "/v1/chat/completions",
+        "/v1/kbs/{kb}/search".replace("{kb}", kb),
+    } <= set(paths)
+    return [*paths, f"/v1/kbs/{kb}/documents"]
+
+
+UNDECODABLE = [
+    pytest.param(b'{"prompt": "caf\xe9"}', "not UTF-8: byte 0xe9 at offset 15", id="latin-1"),
+    pytest.param(b"[" * 1000 + b"]" * 1000, "arrays or objects nested too deeply", id="deep"),
+    pytest.param(
+        b'{"seed": ' + b"7" * 5000 + b"}",
+        f"an integer longer than {sys.get_int_max_str_digits()} digits",
+        id="long-integer",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "reason"), UNDECODABLE)
+async def test_an_undecodable_body_is_a_bad_request_naming_the_problem_on_every_route(
+    in_process_module: InProcess, body: bytes, reason: str
+) -> None:
+    """FastAPI answered these with 400 `http_error` "There was an error parsing the body" on
+    every route but the documents one (which parses its body itself): one answer everywhere."""
+    client = in_process_module.client
+    kb = await _kb(client)
+    for path in _json_routes(in_process_module, kb):
+        r = await client.post(path, content=body, headers={"content-type": "application/json"})
+        status = 400 if path.startswith(OPENAI_PATHS) else 422
+        assert r.status_code == status, (path, r.text)
+        error = r.json()["error"]
+        assert (error["code"], error["type"]) == ("invalid_request", "invalid_request_error")
+        assert error["message"].startswith("the body is not valid JSON ("), (path, error)
+        if not path.endswith("/documents"):  # (pydantic's parser words its reasons its own way)
+            assert error["message"] == f"the body is not valid JSON ({reason})", (path, error)
+
+
+async def test_a_20_digit_integer_is_refused_by_its_field(client: httpx.AsyncClient) -> None:
+    """An integer past 64 bits decodes; its field's bound refuses it, by name."""
+    body = b'{"query": "herons", "top_k": 10000000000000000000}'
+    r = await client.post(
+        f"/v1/kbs/{await _kb(client)}/search",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
+    assert _error(r, 422).startswith("top_k:")
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br", "deflate, gzip"])
+async def test_a_compressed_body_is_a_415_naming_its_coding_on_every_route(
+    in_process_module: InProcess, coding: str
+) -> None:
+    """No route decodes a compressed body; the JSON routes called it unparsable (400), and the
+    documents route "not valid JSON" (422)."""
+    client = in_process_module.client
+    kb = await _kb(client)
+    body = gzip.compress(b'{"prompt": "hi", "query": "hi", "name": "x"}')
+    for path in _json_routes(in_process_module, kb):
+        headers = {"content-type": "application/json", "content-encoding": coding}
+        r = await client.post(path, content=body, headers=headers)
+        assert r.status_code == 415, (path, r.text)
+        assert r.headers["accept-encoding"] == "identity"
+        error = r.json()["error"]
+        assert error["code"] == "unsupported_media_type"
+        assert f"Content-Encoding {coding!r} is not supported" in error["message"], error
+    # an upload too: stored as the compressed bytes otherwise
+    r = await client.post(
+        f"/v1/kbs/{kb}/documents",
+        files={"file": ("notes.txt", gzip.compress(b"herons"), "text/plain")},
+        headers={"content-encoding": "gzip"},
+    )
+    assert r.status_code == 415, r.text
+
+
+async def test_an_identity_coding_is_no_coding(client: httpx.AsyncClient) -> None:
+    r = await client.post(
+        "/v1/kbs",
+        json={"name": f"id-{uuid.uuid4().hex[:6]}"},
+        headers={"content-encoding": "identity"},
+    )
+    assert r.status_code == 201, r.text

@@ -28,6 +28,9 @@ pytestmark = pytest.mark.in_process(
     ingest__max_upload_bytes=UPLOAD_LIMIT,
     ingest__chunk_tokens=64,
     ingest__chunk_overlap=8,
+    # concurrent uploads of one tenant (test_concurrent_uploads_of_the_same_document_make_one)
+    ingest__max_active_per_tenant=8,
+    ingest__max_active=8,
 )
 
 

@@ -86,6 +86,44 @@ class RecordingStubEngine(StubEngine):
 
 
 @dataclass
+class EngineRequest:
+    """One request a ``LedgerStubEngine`` was sent, and how far it went."""
+
+    request_id: str
+    tokens: int = 0  # generated so far
+    # its last step's finish reason ("cancelled": aborted), "left" when its reader stopped
+    # reading first, None while it runs
+    ended: str | None = None
+
+
+class LedgerStubEngine(StubEngine):
+    """The stub engine keeping every request it was sent in memory (``requests``, by id, in
+    the order sent): what an in-process test checks of an abort, such as which requests a
+    cancelled stream made and whether they ended early."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(ByteTokenizer(), **kwargs)
+        self.requests: dict[str, EngineRequest] = {}
+
+    async def generate(
+        self, request_id: str, prompt: str | Sequence[int], sampling: Sampling
+    ) -> AsyncIterator[EngineStep]:
+        request = self.requests[request_id] = EngineRequest(request_id)
+        try:
+            async for step in super().generate(request_id, prompt, sampling):
+                request.tokens += len(step.token_ids)
+                request.ended = step.finish_reason
+                yield step
+        finally:
+            if request.ended is None:
+                request.ended = "left"
+
+    def of_stream(self, stream_id: str) -> list[EngineRequest]:
+        """The requests of a stream's runs (their ids begin with the stream's id)."""
+        return [r for r in self.requests.values() if r.request_id.startswith(f"{stream_id}:")]
+
+
+@dataclass
 class ToyRun:
     kind: ToyKind
     plan: TokenPlan

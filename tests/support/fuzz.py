@@ -6,11 +6,12 @@ as in production); schemathesis sends a valid key (``FUZZ_API_KEY``, made with
 ``rag-stream keys create``) on every request. ``auth_problems`` then sends every operation
 without a key and with wrong ones: each must get a 401, never a 5xx or an answer.
 
-Checks: ``not_a_server_error`` (no 5xx, whatever the input), ``response_schema_conformance``
-(each documented response, SSE events included, matches its schema) and ``ignored_auth`` (an
-operation that answered the key also refuses the same request without it and with a made-up
-one). Status-code conformance is left out: the OpenAPI documents only 2xx and 422, while 404,
-409, 413 and 415 are correct answers here.
+Checks: ``not_a_server_error`` (no 5xx, whatever the input), ``status_code_conformance``
+(every status answered is one the operation documents: rag_stream/api/openapi.py),
+``content_type_conformance`` (and in a media type it documents),
+``response_schema_conformance`` (each response, every SSE frame of a stream included, matches
+its schema) and ``ignored_auth`` (an operation that answered the key also refuses the same
+request without it and with a made-up one).
 
 Known ids (a KB, a document, a chunk, finished streams, a conversation, a finished job, the
 models) are offered for part of the path, query and body parameters that name one, so the
@@ -177,6 +178,8 @@ bearer = "${{{KEY_VARIABLE}}}"
 [checks]
 enabled = false
 not_a_server_error.enabled = true
+status_code_conformance.enabled = true
+content_type_conformance.enabled = true
 response_schema_conformance.enabled = true
 ignored_auth.enabled = true
 
@@ -197,6 +200,8 @@ values = [1, 2, 3]
 values = [16, 32]
 [dictionaries.user]
 values = ["user"]
+[dictionaries.question]
+values = ["Where do herons wait?", "Nests?"]
 [dictionaries.one]
 values = [1]
 
@@ -205,10 +210,10 @@ integer = {{ dictionary = "wide_integers", probability = 0.2 }}
 string = {{ dictionary = "odd_strings", probability = 0.1 }}
 
 # A job and a chat completion must also satisfy rules the schema does not state (a known KB or
-# model; an outline or a number of sections, at most jobs.max_sections; no empty heading; top_k
-# within jobs.max_top_k; n = 1; the last message the user's...): most of what the fuzzer draws
-# for them is refused whole, so their values come from the lists more often, and they get
-# twice the examples.
+# model; an outline or a number of sections, at most jobs.max_sections; top_k within
+# jobs.max_top_k; n = 1; the last message the user's, and no user message without text...):
+# most of what the fuzzer draws for them is refused whole, so their values come from the lists
+# more often, and they get twice the examples.
 # (Operation blocks do not merge their parameters: the first that matches decides, so these two
 # come before the general one and repeat what they need of it.)
 [[operations]]
@@ -229,6 +234,7 @@ max-examples = {max_examples * 2}
 [operations.parameters]
 "body.model" = {{ dictionary = "models", probability = 0.9 }}
 "body.messages[*].role" = {{ dictionary = "user", probability = 0.9 }}
+"body.messages[*].content" = {{ dictionary = "question", probability = 0.8 }}
 "body.n" = {{ dictionary = "one", probability = 0.9 }}
 "body.top_k" = {{ dictionary = "small", probability = 0.5 }}
 

@@ -8,7 +8,8 @@ itself (uvicorn's parsing and timeouts, a socket) still needs a server process.
   a ``RAG_STREAM_`` variable set for some other test or process cannot reach an app here
   (``explicit_settings``). The real Redis under this session's prefix unless told otherwise.
 - Engine: the stub engine (tests/support/fakes.py), with tests/support/stub_server.py's knobs
-  (pace, text, round-trip time, a slow query embedding, a request log) as arguments.
+  (pace, text, round-trip time, a slow query embedding, a request log) as arguments, or one
+  that keeps its requests in memory (``ledger=True``: ``InProcess.ledger``).
 - Embedder: the prepared one, loaded once per session and shared by every app (the lifespan
   opens no embedder of its own and closes none: ``create_app`` only asks its factory).
 - Two clients on one app: ``client`` is httpx's own ``ASGITransport``, which hands a response
@@ -50,7 +51,7 @@ from rag_stream.retrieval.embedder import Embedder
 from rag_stream.settings import ProfileSource, Settings
 from rag_stream.store.keys import create_key
 from tests.conftest import REDIS_URL, SESSION_PREFIX
-from tests.support.fakes import RecordingStubEngine, stub_engine
+from tests.support.fakes import LedgerStubEngine, RecordingStubEngine, stub_engine
 from tests.support.pg import postgres_database
 from tests.support.slow_embedder import SlowEmbedder
 from tests.support.sse import Frame
@@ -122,7 +123,7 @@ def explicit_settings(
 
 class SchemaTemplate:
     """The schema, migrated once per session into an SQLite file each new app's data dir gets
-    a copy of (Alembic takes about a second a run); PostgreSQL databases are migrated each."""
+    a copy of (Alembic takes about a second a run); a database URL given is migrated."""
 
     def __init__(self, folder: Path) -> None:
         self._template = folder / "template.db"
@@ -149,11 +150,14 @@ class StubOptions:
     rtt_ms: float | None = None  # every request's round-trip time, for "coalesce": "auto"
     slow_query_s: float = 0.0  # a search query holding "(slow)" is embedded this slowly
     request_log: Path | None = None  # each engine request's sampling, appended as JSON lines
+    ledger: bool = False  # every engine request kept in memory (fakes.LedgerStubEngine)
 
     def engine(self) -> Engine:
         options: dict[str, Any] = {"delay_s": self.delay_s}
         if self.text is not None:
             options["text"] = self.text
+        if self.ledger:
+            return LedgerStubEngine(**options)
         if self.request_log is not None:
             return RecordingStubEngine(str(self.request_log), **options)
         return stub_engine(**options)
@@ -182,6 +186,13 @@ class InProcess:
     def resources(self) -> Resources:
         resources: Resources = self.app.state.resources
         return resources
+
+    @property
+    def ledger(self) -> LedgerStubEngine:
+        """The engine, when the app was started with ``ledger=True``."""
+        engine = self.resources.engines.get()
+        assert isinstance(engine, LedgerStubEngine), "start the app with ledger=True"
+        return engine
 
     def client_for(self, **kwargs: Any) -> httpx.AsyncClient:
         """Another buffered client on this app (other headers, say); the caller closes it."""
@@ -231,7 +242,8 @@ class _LiveBody(httpx.AsyncByteStream):
 class LiveASGITransport(httpx.AsyncBaseTransport):
     """An ASGI transport that returns a response once its headers are sent and streams its body
     as the app sends it (httpx's own waits for the end). Closing the response early sends the
-    app ``http.disconnect``, as a server does when its client goes."""
+    app ``http.disconnect``, as a server does when its client goes; so does cancelling the
+    request before its response has started."""
 
     def __init__(self, app: ASGIApp, client: tuple[str, int] = ("127.0.0.1", 123)) -> None:
         self.app = app
@@ -297,6 +309,11 @@ class LiveASGITransport(httpx.AsyncBaseTransport):
         except TimeoutError:
             task.cancel()
             raise httpx.ReadTimeout("the app sent no response in time", request=request) from None
+        except asyncio.CancelledError:
+            # the client gave up before any answer (a task cancelled): as over a socket, the
+            # app is told it left and goes on by itself
+            left.set()
+            raise
         if "status" not in head:
             await task  # the app failed before answering: its exception, as httpx's transport
             raise httpx.RemoteProtocolError("the app ended without a response", request=request)
@@ -370,10 +387,13 @@ async def _wait_ready(client: httpx.AsyncClient, timeout_s: float = 30) -> None:
 
 
 @contextlib.asynccontextmanager
-async def postgres(prefix: str = "rag_stream_inprocess") -> AsyncIterator[str]:
-    """A fresh database on the real PostgreSQL (tests/support/pg.py), dropped on exit; its
-    helper runs an event loop of its own, so it runs in a thread here."""
-    databases = postgres_database(prefix)
+async def postgres(
+    prefix: str = "rag_stream_inprocess", *, migrated: bool = False
+) -> AsyncIterator[str]:
+    """A fresh database on the real PostgreSQL (tests/support/pg.py; at the schema's head with
+    ``migrated``), dropped on exit; its helper runs an event loop of its own, so it runs in a
+    thread here."""
+    databases = postgres_database(prefix, migrated=migrated)
     url = await asyncio.to_thread(next, databases)
     try:
         yield url

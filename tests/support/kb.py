@@ -6,6 +6,8 @@ import uuid
 
 import httpx
 
+from tests.support.waiting import eventually_sync
+
 
 def make_kb(base_url: str, documents: list[tuple[str, str]], prefix: str = "kb") -> str:
     """Create a knowledge base holding (title, text) documents; return its name."""
@@ -15,4 +17,17 @@ def make_kb(base_url: str, documents: list[tuple[str, str]], prefix: str = "kb")
         for title, text in documents:
             r = client.post(f"/v1/kbs/{name}/documents", json={"title": title, "text": text})
             r.raise_for_status()
+            if r.status_code == 202:  # a long text, ingested in the background
+                wait_until_ready(client, name, r.json()["id"])
     return name
+
+
+def wait_until_ready(client: httpx.Client, kb: str, doc: str, timeout_s: float = 300) -> None:
+    """Wait for a document ingested in the background to be searchable (a failure raises)."""
+
+    def ready() -> bool:
+        status = client.get(f"/v1/kbs/{kb}/documents/{doc}").json()["status"]
+        assert status != "failed", f"the ingest of {doc} failed"
+        return bool(status == "ready")
+
+    eventually_sync(ready, f"document {doc} ingested", timeout_s=timeout_s, every_s=0.2)

@@ -4,10 +4,11 @@ and the coalescing itself (by count, and by time when the engine is slow)."""
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from rag_stream.generation.engine import Engine, EngineStep
 from rag_stream.schemas.events import Token
 from rag_stream.schemas.generate import Coalesce
 from rag_stream.settings import StreamingSettings
@@ -97,3 +98,43 @@ async def test_a_slow_engine_sends_what_it_has_after_the_time_limit() -> None:
     merged_chars = sum(len(e.token_ids) > 1 for e in slow)
     assert merged_chars <= 4  # only multi-byte characters come as several tokens
     assert len(slow) >= 8
+
+
+class _BurstEngine:
+    """The stub engine handing its tokens over ``burst`` at a time, as vLLM does to a reader
+    that fell behind (a busy machine) or after a speculative step."""
+
+    def __init__(self, burst: int) -> None:
+        self._engine = stub_engine()
+        self._burst = burst
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, request_id: str, prompt: Any, sampling: Any) -> Any:
+        held: list[int] = []
+        async for step in self._engine.generate(request_id, prompt, sampling):
+            held.extend(step.token_ids)
+            if len(held) >= self._burst or step.finish_reason is not None:
+                yield EngineStep(held, step.prompt_tokens, step.cached_tokens, step.finish_reason)
+                held = []
+
+
+async def _burst_tokens(rule: Coalesce, max_tokens: int, burst: int) -> list[Token]:
+    streams, kind = toy_streams(MemoryEventLog(), cast(Engine, _BurstEngine(burst)))
+    sid = await start_toy(streams, kind, list(b"hi"), max_tokens, rule)
+    events = [e async for e in streams.follow(sid)]
+    await streams.close()
+    assert events[-1].type == "done"
+    return [e for e in events if isinstance(e, Token)]
+
+
+@pytest.mark.parametrize("rule", [Coalesce(), Coalesce(tokens=4, ms=1000)])
+async def test_tokens_an_engine_hands_over_at_once_still_follow_the_rule(rule: Coalesce) -> None:
+    steady = await _tokens(rule, 120)
+    burst = await _burst_tokens(rule, 120, burst=10)
+    assert [e.model_dump() for e in burst] == [e.model_dump() for e in steady]
+    # one token an event by default, four with the rule (a character still being completed
+    # may add up to 3 more): never the ten a step brought
+    most = rule.tokens + 3 if rule.tokens > 1 else 4
+    assert all(len(e.token_ids) <= most for e in burst), [len(e.token_ids) for e in burst]

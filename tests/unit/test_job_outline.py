@@ -3,7 +3,7 @@ replica key."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -64,12 +64,27 @@ class _Recording:
         self.affinities.append(sampling.affinity)
         return self._engine.generate(request_id, prompt, sampling)
 
+    async def abort(self, request_id: str) -> None:
+        await self._engine.abort(request_id)
+
+
+class _Running:
+    """A stream context that is never stopped (what plan_outline asks of one)."""
+
+    run_id = "r"
+
+    def check(self) -> None:
+        return None
+
+    def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
+        return None
+
 
 async def test_a_planned_outline_goes_where_the_job_sections_go() -> None:
     engine = _Recording()
     spec = JobSpec(title="T", sections=3, section_tokens=32, top_k=2)
     with pytest.raises(OutlineFailed):  # the stub's text is no outline: both attempts run
-        await plan_outline(engine, "r", spec, 8, 200, 1, affinity="job:abc")  # type: ignore[arg-type]
+        await plan_outline(_Running(), engine, spec, 8, 200, 1, affinity="job:abc")  # type: ignore[arg-type]
     assert engine.affinities == ["job:abc", "job:abc"]
 
 

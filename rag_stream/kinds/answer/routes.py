@@ -6,18 +6,24 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from rag_stream.api.deps import ResourcesDep, TenantDep
+from rag_stream.api.openapi import errors
 from rag_stream.api.responses import stream_or_collect
 from rag_stream.kinds.answer.intent import question_from_request
 from rag_stream.kinds.answer.kind import AnswerKind
 from rag_stream.kinds.base import KindSlice
 from rag_stream.schemas.answers import AnswerRequest, AnswerResponse
+from rag_stream.schemas.event_stream import NATIVE, sse_responses
 from rag_stream.schemas.events import CitationBody
 from rag_stream.streaming.collect import Collected
 
 router = APIRouter(tags=["answers"])
 
 
-@router.post("/v1/answers", response_model=None)
+@router.post(
+    "/v1/answers",
+    response_model=None,
+    responses={**sse_responses(NATIVE, json=AnswerResponse), **errors(404, 413)},
+)
 async def answer(
     body: AnswerRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
 ) -> Response | AnswerResponse:

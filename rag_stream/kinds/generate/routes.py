@@ -6,17 +6,23 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from rag_stream.api.deps import ResourcesDep, TenantDep
+from rag_stream.api.openapi import errors
 from rag_stream.api.responses import stream_or_collect
 from rag_stream.kinds.base import KindSlice
 from rag_stream.kinds.generate.intent import prompt_from_request
 from rag_stream.kinds.generate.kind import GenerateKind
+from rag_stream.schemas.event_stream import NATIVE, sse_responses
 from rag_stream.schemas.generate import GenerateRequest, GenerateResponse
 from rag_stream.streaming.collect import Collected
 
 router = APIRouter(tags=["generate"])
 
 
-@router.post("/v1/generate", response_model=None)
+@router.post(
+    "/v1/generate",
+    response_model=None,
+    responses={**sse_responses(NATIVE, json=GenerateResponse), **errors(413)},
+)
 async def generate(
     body: GenerateRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
 ) -> Response | GenerateResponse:

@@ -177,11 +177,9 @@ class JobRun:
 
     async def _plan_outline(self, ctx: StreamContext, engine: Engine) -> list[str]:
         cfg = self.kind.cfg
-        ctx.on_stop(lambda: engine.abort(f"{ctx.run_id}:outline0"))
-        ctx.on_stop(lambda: engine.abort(f"{ctx.run_id}:outline1"))
         return await plan_outline(
+            ctx,
             engine,
-            ctx.run_id,
             self.plan.spec,
             cfg.outline_tokens,
             cfg.max_heading_chars,

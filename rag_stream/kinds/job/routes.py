@@ -10,6 +10,8 @@ from sse_starlette import EventSourceResponse
 
 from rag_stream.api.cursor import LastEventIdQuery, resume_cursor
 from rag_stream.api.deps import ResourcesDep, SessionDep, SettingsDep, StreamsDep, TenantDep
+from rag_stream.api.openapi import errors
+from rag_stream.api.query import QueryInt
 from rag_stream.errors import NotFound
 from rag_stream.kinds.base import KindSlice
 from rag_stream.kinds.job.control import cancel_job, current_job, reconcile, remove_job
@@ -23,7 +25,7 @@ from rag_stream.streaming.sse import event_stream_response
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-@router.post("", status_code=202)
+@router.post("", status_code=202, responses=errors(404, 413))
 async def create(body: JobRequest, resources: ResourcesDep, tenant: TenantDep) -> JobOut:
     launched = await resources.streams.launch(
         resources.kinds.get(JobKind), body, tenant=tenant, priority="batch"
@@ -37,7 +39,7 @@ async def list_(
     session: SessionDep,
     resources: ResourcesDep,
     tenant: TenantDep,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    limit: Annotated[QueryInt, Query(ge=1, le=100)] = 20,
     before: Annotated[str | None, Query(description="a job id from the previous page")] = None,
 ) -> JobList:
     jobs, next_before = await list_jobs(session, tenant=tenant, limit=limit, before=before)
@@ -72,7 +74,13 @@ async def events(
     return event_stream_response(batches, keepalive, {"X-Stream-Id": job.stream_id})
 
 
-@router.get("/{job_id}/result", response_model=None, responses={200: {"model": JobResult}})
+@router.get(
+    "/{job_id}/result",
+    response_model=None,
+    responses={
+        200: {"model": JobResult, "content": {"text/markdown": {"schema": {"type": "string"}}}}
+    },
+)
 async def result(
     job_id: str,
     request: Request,
