@@ -16,16 +16,21 @@ One event becomes one or more frames; only the last frame of an event carries th
 - ``error``: ``data: {"error": {...}}`` (what the ``openai`` SDK raises as an APIError), then
   ``[DONE]``.
 
-The renderer is given every event from the start (the stream event names the completion, and
-annotation offsets count the whole answer) and shows only those after the client's cursor.
+The renderer shows only the events after the client's cursor, and must know some from before it:
+the stream event (it names the completion) and the citations. A resume gives it those and the
+events after the cursor (``Streams.opening``), not the whole log; annotation offsets count the
+whole answer, so when an answer with sources reaches its ``done`` the tokens before the cursor
+are read then (``earlier``), once, and for no other stream.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 from urllib.parse import quote
+
+from redis.exceptions import RedisError
 
 from rag_stream.generation.markers import markers
 from rag_stream.schemas.events import (
@@ -52,6 +57,7 @@ from rag_stream.schemas.openai import (
 )
 from rag_stream.schemas.ui_chat import UIWire
 from rag_stream.streaming.collect import Collected
+from rag_stream.streaming.reader import log_unavailable
 
 DONE_FRAME = b"data: [DONE]\n\n"
 
@@ -156,7 +162,7 @@ class ChatChunks:
         self._tail = ',"usage":null}' if wire.include_usage else "}"
         self._citations: list[Citation] = []
         self._unsent: list[Citation] = []
-        self._pieces: list[str] = []
+        self._pieces: list[tuple[int, str]] = []  # (event id, text): the answer, in any order
 
     def frames(self, batch: Sequence[Event]) -> bytes:
         out: list[bytes] = []
@@ -164,6 +170,20 @@ class ChatChunks:
             self._render(event, out)
         self._send_sources(out)
         return b"".join(out)
+
+    def needs_whole_text(self, batch: Sequence[Event]) -> bool:
+        """Whether showing ``batch`` takes the answer's whole text: its ``done`` annotates the
+        sources' markers at their offsets (none without sources, or in Open WebUI's shape)."""
+        return (
+            bool(self._citations)
+            and self._wire.sources != "open-webui"
+            and any(isinstance(e, Done) and e.id > self._after for e in batch)
+        )
+
+    def fold(self, earlier: Sequence[Event]) -> None:
+        """Tokens from before the cursor that were not given to ``frames`` (a resume skips
+        them): their text counts in the annotations' offsets."""
+        self._pieces += ((e.id, e.text) for e in earlier if isinstance(e, Token))
 
     def _render(self, event: Event, out: list[bytes]) -> None:
         if isinstance(event, TransientError):  # never in the log: no id, the client resumes
@@ -173,7 +193,7 @@ class ChatChunks:
             self._send_sources(out)
         show = event.id > self._after
         if isinstance(event, Token):
-            self._pieces.append(event.text)
+            self._pieces.append((event.id, event.text))
             if show:
                 out.append(self._frame(event.id, self._choice({"content": event.text})))
         elif isinstance(event, Citation):
@@ -197,7 +217,8 @@ class ChatChunks:
             out.append(f"id: {event.id}\n".encode() + DONE_FRAME)
 
     def _done(self, done: Done, out: list[bytes]) -> None:
-        found = url_citations(self._wire, "".join(self._pieces), self._citations)
+        text = "".join(piece for _, piece in sorted(self._pieces))
+        found = url_citations(self._wire, text, self._citations)
         if found and self._wire.sources != "open-webui":  # its chips came first
             delta = {"annotations": [a.model_dump() for a in found]}
             out.append(self._frame(None, self._choice(delta)))
@@ -258,11 +279,35 @@ async def rendered(
             yield frames
 
 
+Earlier = Callable[[], Awaitable[Sequence[Event]]]
+
+
 def chat_frames(
-    wire: ChatWire, batches: AsyncIterator[list[Event]], after: int = -1
+    wire: ChatWire,
+    batches: AsyncIterator[list[Event]],
+    after: int = -1,
+    earlier: Earlier | None = None,
 ) -> AsyncIterator[bytes]:
-    """A stream's batches (from its first event) as chat-completion chunk frames after ``after``."""
-    return rendered(ChatChunks(wire, after), batches)
+    """A stream's batches as chat-completion chunk frames after ``after``: from its first event,
+    or (a resume) its opening and then from the cursor, with ``earlier`` reading the events in
+    between when the annotations need them (see the module docstring)."""
+    chunks = ChatChunks(wire, after)
+    if earlier is not None:
+        batches = _with_earlier(chunks, batches, earlier)
+    return rendered(chunks, batches)
+
+
+async def _with_earlier(
+    chunks: ChatChunks, batches: AsyncIterator[list[Event]], earlier: Earlier
+) -> AsyncIterator[list[Event]]:
+    async for batch in batches:
+        if chunks.needs_whole_text(batch):
+            try:
+                chunks.fold(await earlier())
+            except RedisError as exc:
+                yield [log_unavailable(exc)]
+                return
+        yield batch
 
 
 def chat_completion(wire: ChatWire, result: Collected) -> ChatCompletion:

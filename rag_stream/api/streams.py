@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header
@@ -14,12 +16,10 @@ from rag_stream.api.cursor import LastEventIdQuery, resume_cursor
 from rag_stream.api.deps import SettingsDep, StreamsDep, TenantDep
 from rag_stream.api.ui_format import ui_frames
 from rag_stream.errors import IncompatiblePlan
+from rag_stream.schemas.event_stream import CHAT, NATIVE, UI, sse_responses
+from rag_stream.schemas.events import Event
 from rag_stream.schemas.openai import ChatWire
-from rag_stream.schemas.streams import (
-    SSE_RESPONSES,
-    CancelResponse,
-    StreamStatus,
-)
+from rag_stream.schemas.streams import CancelResponse, StreamStatus
 from rag_stream.schemas.ui_chat import UI_STREAM_HEADERS, UIWire
 from rag_stream.streaming.event_log import StreamMeta
 from rag_stream.streaming.sse import event_stream_response, sse_response
@@ -58,7 +58,7 @@ def _status(meta: StreamMeta) -> StreamStatus:
 @router.get(
     "/v1/streams/{stream_id}/events",
     response_class=EventSourceResponse,
-    responses=SSE_RESPONSES,
+    responses=sse_responses(NATIVE, CHAT, UI),  # in the format the stream started in
 )
 async def stream_events(
     stream_id: str,
@@ -81,16 +81,37 @@ async def stream_events(
     if meta.wire is None:
         events = streams.follow_batches(stream_id, cursor)
         return event_stream_response(events, settings.streaming.keepalive_s)
-    # a stream started in another wire: the same frames again, rendered from its first event
+    # a stream started in another wire: the same frames again, after the cursor. The renderer
+    # is told what it must know of the part before it (the opening: the stream event, the
+    # sources, whether text began), not every event since the start: a resume's cost follows
+    # what is left of the stream, not its length.
     wire = stream_wire(meta.wire)
-    batches = streams.follow_batches(stream_id)
+    opening = await streams.opening(stream_id, cursor)
+    batches = _prefixed(opening, streams.follow_batches(stream_id, cursor))
     headers = {"X-Stream-Id": stream_id}
     if isinstance(wire, UIWire):
         frames = ui_frames(wire, batches, after=cursor)
         headers |= UI_STREAM_HEADERS
     else:
-        frames = chat_frames(wire, batches, after=cursor)
+        skipped_from = opening[-1].id if opening else cursor
+
+        async def skipped() -> list[Event]:  # the tokens between the opening and the cursor
+            if skipped_from >= cursor:
+                return []
+            return await streams.events_between(stream_id, skipped_from, cursor)
+
+        frames = chat_frames(wire, batches, after=cursor, earlier=skipped)
     return sse_response(frames, settings.streaming.keepalive_s, headers)
+
+
+async def _prefixed(
+    first: list[Event], rest: AsyncGenerator[list[Event], None]
+) -> AsyncIterator[list[Event]]:
+    if first:
+        yield first
+    async with contextlib.aclosing(rest):
+        async for batch in rest:
+            yield batch
 
 
 @router.get("/v1/streams/{stream_id}")

@@ -9,8 +9,9 @@
   rag-stream's finish reason in ``messageMetadata``), then ``data: [DONE]``.
 - ``error``: an ``error`` part, then ``[DONE]``.
 
-As in chat_format.py, the renderer sees every event from the start and shows those after the
-cursor; only the last frame of an event carries its SSE ``id:``.
+As in chat_format.py, the renderer shows the events after the cursor and knows of those before
+it only what a resume gives it: the opening up to the first token (the stream id, whether text
+began); only the last frame of an event carries its SSE ``id:``.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ class AppendResult:
 
 
 FinishResult = Literal["done", "lease_lost", "log_lost"]
+READ_PAGE = 1000  # the most events one read returns for one stream
 StreamStatus = Literal["running", "done", "error"]
 
 
@@ -157,14 +158,18 @@ class EventLog(Protocol):
         affect the others)."""
         ...
 
-    async def read(self, stream_id: str, after: int, block_ms: int | None) -> list[Event]:
-        """Events after id ``after``; waits up to block_ms for new ones (None: no wait)."""
+    async def read(
+        self, stream_id: str, after: int, block_ms: int | None, count: int = READ_PAGE
+    ) -> list[Event]:
+        """Up to ``count`` events after id ``after``, in order; waits up to block_ms for new
+        ones (None: no wait). Its cost follows ``count``, never the events before ``after``."""
         ...
 
     async def read_many(
         self, cursors: Mapping[str, int], block_ms: int | None
     ) -> dict[str, list[Event]]:
-        """``read`` for many streams in one wait; refreshes each one's reader heartbeat."""
+        """``read`` (up to READ_PAGE events each) for many streams in one wait; refreshes each
+        one's reader heartbeat."""
         ...
 
     async def meta(self, stream_id: str) -> StreamMeta | None: ...

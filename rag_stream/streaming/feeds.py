@@ -11,6 +11,12 @@ Readers never hold a Redis connection of their own while they wait:
 A feed keeps the last ``window`` events; a reader whose cursor is older catches up from the log
 with non-blocking reads, then continues from the feed. Any number of readers of one stream cost
 one Redis read, and the Redis connections of a process no longer grow with its readers.
+
+A new feed (a resume in a process that does not hold the stream) is filled by the reader that
+made it, from its cursor, with non-blocking reads whose first is small: its first event goes out
+after a few events are read, whatever the stream's length, and without waiting for the tail's
+blocking read of other streams to return. The tail follows the feed once that reader reached
+the log's end (``caught_up``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class Feed:
     reader_seen_ms: int = 0  # when a reader of this process last left (now, while one reads)
     checked_at: float = 0.0  # when a reader last checked on the producer (one check per feed)
     ended: bool = False
+    catching_up: bool = False  # its first reader is filling it from the log: no tail read yet
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def push(self, events: Sequence[Event]) -> None:
@@ -115,14 +122,25 @@ class Feeds:
 
     # -- the reading side ------------------------------------------------------------------
 
-    def attach(self, sid: str, cursor: int) -> Feed:
+    def attach(self, sid: str, cursor: int) -> tuple[Feed, bool]:
+        """The stream's feed, and whether this reader fills it from the log first (it made the
+        feed, at its cursor); then it calls ``caught_up``."""
         feed = self._feeds.get(sid)
+        fill = feed is None
         if feed is None:
-            feed = self._feeds[sid] = Feed(sid, local=False, window=self._window, last_id=cursor)
+            feed = Feed(sid, local=False, window=self._window, last_id=cursor, catching_up=True)
+            self._feeds[sid] = feed
         feed.readers += 1
-        if not feed.local:
+        if not feed.local and not feed.catching_up:
             self._ensure_tail()
-        return feed
+        return feed, fill
+
+    def caught_up(self, feed: Feed) -> None:
+        """The reader filling a new feed reached the log's end (or left): the tail takes over."""
+        if feed.catching_up:
+            feed.catching_up = False
+            if not feed.local and not feed.ended:
+                self._ensure_tail()
 
     def detach(self, feed: Feed) -> None:
         feed.readers -= 1
@@ -143,7 +161,11 @@ class Feeds:
 
     async def _tail(self) -> None:
         while not self._closed:
-            remote = {s: f for s, f in self._feeds.items() if not f.local and not f.ended}
+            remote = {
+                s: f
+                for s, f in self._feeds.items()
+                if not f.local and not f.ended and not f.catching_up
+            }
             if not remote:
                 self._tail_wake.clear()
                 await self._tail_wake.wait()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from rag_stream.schemas.events import Event
 from rag_stream.streaming.event_log import (
+    READ_PAGE,
     Append,
     AppendResult,
     FinishResult,
@@ -85,30 +86,38 @@ class MemoryEventLog:
             self._notify()
         return AppendResult(True, s.meta.get("cancel") == "1", int(s.meta.get("seen", "0")))
 
-    async def read(self, stream_id: str, after: int, block_ms: int | None) -> list[Event]:
-        return (await self.read_many({stream_id: after}, block_ms)).get(stream_id, [])
+    async def read(
+        self, stream_id: str, after: int, block_ms: int | None, count: int = READ_PAGE
+    ) -> list[Event]:
+        return (await self._read({stream_id: after}, block_ms, count)).get(stream_id, [])
 
-    def _fresh(self, cursors: Mapping[str, int]) -> dict[str, list[Event]]:
+    def _fresh(self, cursors: Mapping[str, int], count: int) -> dict[str, list[Event]]:
         found = {}
         for sid, after in cursors.items():
             s = self._streams.get(sid)
             if s is not None:
                 s.meta["seen"] = str(now_ms())
-                if s.events[after + 1 :]:
-                    found[sid] = s.events[after + 1 :]
+                # (event n is at index n: a slice from the cursor, as Redis reads from an id)
+                if page := s.events[after + 1 : after + 1 + count]:
+                    found[sid] = page
         return found
 
     async def read_many(
         self, cursors: Mapping[str, int], block_ms: int | None
     ) -> dict[str, list[Event]]:
-        found = self._fresh(cursors)
+        return await self._read(cursors, block_ms, READ_PAGE)
+
+    async def _read(
+        self, cursors: Mapping[str, int], block_ms: int | None, count: int
+    ) -> dict[str, list[Event]]:
+        found = self._fresh(cursors, count)
         if found or block_ms is None:
             return found
         waiter = self._changed
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(block_ms / 1000):
                 await waiter.wait()
-        return self._fresh(cursors)
+        return self._fresh(cursors, count)
 
     async def meta(self, stream_id: str) -> StreamMeta | None:
         s = self._streams.get(stream_id)

@@ -13,14 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from redis.exceptions import RedisError
 
 from rag_stream.schemas.events import Event, TransientError, is_terminal
-from rag_stream.streaming.event_log import EventLog, StreamMeta
+from rag_stream.streaming.event_log import READ_PAGE, EventLog, StreamMeta
 from rag_stream.streaming.feeds import Feed, Feeds
 from rag_stream.streaming.takeover import Takeover
+
+# A reader's first read from the log takes this many events, later ones READ_PAGE: the first
+# event goes out once these are read, so the time to it does not follow what is left to replay.
+FIRST_PAGE = 16
 
 
 def transient_error(code: str, message: str) -> TransientError:
@@ -47,19 +51,26 @@ class Readers:
             for event in batch:
                 yield event
 
-    async def follow_batches(self, sid: str, after: int) -> AsyncIterator[list[Event]]:
+    async def follow_batches(self, sid: str, after: int) -> AsyncGenerator[list[Event], None]:
         """``follow``, yielding the events that are ready together as one list."""
-        feed = self._feeds.attach(sid, after)
+        feed, filling = self._feeds.attach(sid, after)
         cursor = after
-        from_log = False
+        from_log = filling  # a new feed: this reader fills it from the log (feeds.py)
+        page = FIRST_PAGE
         try:
             while True:
                 changed = feed.changed
                 try:
                     events = None if from_log else feed.after(cursor)
-                    if events is None:  # older than the feed holds: catch up from the log
-                        events = await self._log.read(sid, cursor, None)
-                        from_log = False
+                    if events is None:  # from the log: older than the feed holds, or a new feed
+                        count, page = page, READ_PAGE
+                        events = await self._log.read(sid, cursor, None, count)
+                        from_log = len(events) == count  # a whole page: read on at once
+                        if filling:
+                            feed.push(events)  # for its other readers, and the tail's cursor
+                            if not from_log:
+                                filling = False
+                                self._feeds.caught_up(feed)
                 except RedisError as exc:
                     yield [log_unavailable(exc)]
                     return
@@ -96,6 +107,8 @@ class Readers:
                     return
                 from_log = verdict == "read_log"
         finally:
+            if filling:
+                self._feeds.caught_up(feed)
             self._feeds.detach(feed)
 
     async def _check(self, feed: Feed, cursor: int) -> str | TransientError:

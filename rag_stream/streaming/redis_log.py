@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 from rag_stream.errors import EventLogUnavailable
 from rag_stream.schemas.events import EVENT_ADAPTER, Event
 from rag_stream.streaming.event_log import (
+    READ_PAGE,
     Append,
     AppendResult,
     FinishResult,
@@ -256,20 +257,29 @@ class RedisEventLog:
             for i in range(0, len(flat), 3)
         ]
 
-    async def read(self, stream_id: str, after: int, block_ms: int | None) -> list[Event]:
-        found = await self.read_many({stream_id: after}, block_ms)
+    async def read(
+        self, stream_id: str, after: int, block_ms: int | None, count: int = READ_PAGE
+    ) -> list[Event]:
+        found = await self._read({stream_id: after}, block_ms, count)
         return found.get(stream_id, [])
 
     async def read_many(
         self, cursors: Mapping[str, int], block_ms: int | None
     ) -> dict[str, list[Event]]:
+        return await self._read(cursors, block_ms, READ_PAGE)
+
+    async def _read(
+        self, cursors: Mapping[str, int], block_ms: int | None, count: int
+    ) -> dict[str, list[Event]]:
+        # XREAD from an entry id finds it in the stream's radix tree: the cost is the entries
+        # returned (and parsed here), whatever the log holds before them
         by_key = {self._keys(sid)[0]: sid for sid in cursors}
         async with self._r.pipeline(transaction=False) as pipe:
             metas = [self._keys(sid)[1] for sid in cursors]
             await self._touch(keys=metas, args=["seen", str(now_ms())], client=pipe)
             pipe.xread(
                 {self._keys(sid)[0]: entry_id(after) for sid, after in cursors.items()},
-                count=1000,
+                count=count,
                 block=block_ms,
             )
             *_, result = await pipe.execute()

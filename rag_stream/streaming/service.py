@@ -10,14 +10,14 @@ cursor. Any process sharing the Redis log can serve any of these for any stream.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
 from redis.exceptions import RedisError
 
 from rag_stream.errors import EventLogUnavailable, InvalidRequest, NotFound
-from rag_stream.schemas.events import Event
+from rag_stream.schemas.events import Event, Token
 from rag_stream.settings import StreamingSettings
 from rag_stream.streaming.admission import Admission, Priority
 from rag_stream.streaming.event_log import EventLog, StreamMeta
@@ -32,6 +32,9 @@ from rag_stream.streaming.kinds import (
 from rag_stream.streaming.producer import Producers
 from rag_stream.streaming.reader import Readers
 from rag_stream.streaming.takeover import Takeover
+
+# What ``opening`` reads at a time: a stream event and an answer's citations fit in one or two.
+OPENING_PAGE = 16
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ class Streams:
     def follow(self, sid: str, after: int = -1) -> AsyncIterator[Event]:
         return self.readers.follow(sid, after)
 
-    def follow_batches(self, sid: str, after: int = -1) -> AsyncIterator[list[Event]]:
+    def follow_batches(self, sid: str, after: int = -1) -> AsyncGenerator[list[Event], None]:
         """``follow``, with the events that are ready together in one list (one SSE write)."""
         return self.readers.follow_batches(sid, after)
 
@@ -137,6 +140,37 @@ class Streams:
         except RedisError as exc:
             raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
         return events[-1] if events else None
+
+    async def opening(self, sid: str, upto: int) -> list[Event]:
+        """The stream's events up to id ``upto`` that come before its first token, that token
+        included (the ``stream`` event, citations...): what a renderer of another wire needs to
+        know of the part a resumed client already has. How many they are does not depend on the
+        stream's length."""
+        events: list[Event] = []
+        try:
+            while not events or events[-1].id < upto:
+                after = events[-1].id if events else -1
+                page = await self.event_log.read(sid, after, None, OPENING_PAGE)
+                token = next((i for i, e in enumerate(page) if isinstance(e, Token)), None)
+                events += page if token is None else page[: token + 1]
+                if not page or token is not None:
+                    break
+        except RedisError as exc:
+            raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
+        return [e for e in events if e.id <= upto]
+
+    async def events_between(self, sid: str, after: int, upto: int) -> list[Event]:
+        """The logged events with ids in (``after``, ``upto``], read in pages (RedisError
+        passes: a caller that has started a response says so in it)."""
+        events: list[Event] = []
+        cursor = after
+        while cursor < upto:
+            page = await self.event_log.read(sid, cursor, None)
+            if not page:
+                break
+            events += (e for e in page if e.id <= upto)
+            cursor = page[-1].id
+        return events
 
     async def named(self, alias: str, *, tenant: str) -> StreamMeta | None:
         """The meta of ``tenant``'s latest stream launched with ``alias``, if it is still kept."""
@@ -165,6 +199,7 @@ class Streams:
             )
         try:
             await self.event_log.request_cancel(sid)
+            self.producers.hear_now(sid)  # run here: it stops now, not at its next renewal
             if meta.lease_owner is None:  # its process died: end it from here
                 await self.takeover.take_over(sid)
             final = await self.readers.wait_finished(sid, timeout_s=wait_s) or meta
