@@ -7,8 +7,9 @@
 #     Last-Event-ID, the other container takes the stream over, and the text is the
 #     uninterrupted one;
 #   - a vLLM replica stopped mid-stream: the stream finishes on the other, the same text;
-#   - an API container restarted on the same PostgreSQL: a conversation is still there, and a
-#     follow-up on it is answered, with the other API container stopped;
+#   - an API container restarted on the same PostgreSQL, with that replica still stopped: it
+#     starts on the other, a conversation is still there, and a follow-up on it is answered,
+#     with the other API container stopped; the replica started again rejoins;
 #   - `down` leaves no container, volume or network of the project.
 # Prints each step's time and writes them to $SMOKE_DIR/report.txt.
 #
@@ -29,6 +30,14 @@ export NGINX_IMAGE=${NGINX_IMAGE:-$SERVICES} REDIS_IMAGE=${REDIS_IMAGE:-$SERVICE
 export POSTGRES_IMAGE=${POSTGRES_IMAGE:-$SERVICES}
 export PUBLIC_URL=http://127.0.0.1:$PROXY_PORT
 URL=http://127.0.0.1:$PROXY_PORT
+# what a fresh clone lacks, said before anything starts
+need() { echo "smoke: $*" >&2; exit 1; }
+[ -x "$PY" ] || need "no $PY: run \`make install\` first"
+[ -f "$MODELS_DIR/SmolLM2-135M-Instruct/.prepared" ] \
+  || need "no prepared models in $MODELS_DIR: run \`make install\` (or set MODELS_DIR)"
+command -v podman-compose >/dev/null || need "no podman-compose: run scripts/images.sh first"
+podman image exists "${API_IMAGE:-localhost/rag-stream-api:0.1.0}" \
+  || need "no image ${API_IMAGE:-localhost/rag-stream-api:0.1.0}: run scripts/images.sh first"
 mkdir -p "$DIR"
 LOG=$DIR/compose.log
 REPORT=$DIR/report.txt
@@ -111,7 +120,6 @@ kill the process or replica serving a stream."""
 import json
 import os
 import subprocess
-import sys
 import time
 
 import httpx
@@ -304,20 +312,14 @@ with httpx.Client(timeout=httpx.Timeout(30, read=120)) as client:
     say(f"{stopped['service']} stopped mid-stream: finished on the other, same text",
         stop_to_done_s=time.monotonic() - float(stopped["at"]),
         cached_tokens=run.done["usage"]["cached_tokens"])
-    # back before an API process restarts: one starts only when every replica answers
-    podman("start", container(stopped["service"]))
-    began = time.monotonic()
-    while subprocess.run(["podman", "exec", container(stopped["service"]), "python3", "-c",
-                          "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health')"],
-                         capture_output=True).returncode != 0:
-        assert time.monotonic() - began < 600, f"{stopped['service']} did not come back"
-        time.sleep(1)
-    say(f"{stopped['service']} started again", start_to_health_s=time.monotonic() - began)
 
-    # A conversation; its API container restarted on the same PostgreSQL; the other one
+    # A conversation; its API container restarted on the same PostgreSQL while that replica is
+    # still down (an API process starts on the replicas that answer); the other API container
     # stopped: the conversation is there, and a follow-up on it is answered.
+    down_replica = stopped["service"]
     first = ask(client, {**QUESTION, "max_tokens": 40})
     assert first.done and first.conversation_id
+
     def serving_runs() -> int:  # each start logs the sample KB once it serves
         return logs("api-1").count("sample kb 'docs'")
 
@@ -334,6 +336,10 @@ with httpx.Client(timeout=httpx.Timeout(30, read=120)) as client:
         assert time.monotonic() - began < 600, "api-1 did not come back"
         time.sleep(1)
     back_s = time.monotonic() - began
+    down_at_start = f"engine replica http://{down_replica}:8000 is down at start"
+    assert down_at_start in logs("api-1"), "api-1 did not start with the replica down"
+    say(f"api-1 restarted with {down_replica} down: serves on the other",
+        restart_to_serving_s=back_s)
     # nginx resolved api-1 when it loaded its configuration; podman gives a restarted
     # container a new address (a crashed one it restarts keeps its own): reload nginx
     new_ip = address("api-1")
@@ -350,7 +356,16 @@ with httpx.Client(timeout=httpx.Timeout(30, read=120)) as client:
     after = client.get(f"{URL}/v1/conversations/{first.conversation_id}", headers=AUTH).json()
     assert len(after["messages"]) == before_turns + 2, after["messages"]
     say("api-1 restarted (same PostgreSQL), api-2 stopped: conversation kept",
-        restart_to_serving_s=back_s, messages=len(after["messages"]))
+        messages=len(after["messages"]))
+
+    # The replica back: api-1's health checks see it and route to it again.
+    podman("start", container(down_replica))
+    began = time.monotonic()
+    while f"engine replica http://{down_replica}:8000 is back" not in logs("api-1"):
+        assert time.monotonic() - began < 600, f"api-1 never saw {down_replica} back"
+        time.sleep(1)
+    say(f"{down_replica} started again: api-1 routes to it again",
+        start_to_rejoin_s=time.monotonic() - began)
 PYTHON
 step "checks through nginx passed"
 

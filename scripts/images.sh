@@ -30,6 +30,12 @@ REBUILD_BASE=${REBUILD_BASE:-0}
 PY=${PY:-$ROOT/.venv/bin/python}
 SUITE=bookworm
 if [ "$ENGINE" = podman ]; then export CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/deploy/containers.conf}; fi
+# .venv pins the images' dependencies (the versions the tests ran on) and has pip and setuptools
+# for the wheel: a fresh clone needs `make install` first (`make images` runs it)
+if [ ! -x "$PY" ]; then
+  echo "images: no $PY: run \`make install\` first (or set PY to a Python with rag-stream installed)" >&2
+  exit 1
+fi
 VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
 BASE=docker.io/library/python:3.11-slim-bookworm  # (the Dockerfiles' default)
 [ "$OFFLINE_BASE" = 1 ] && BASE=localhost/rag-stream-base:$SUITE

@@ -80,15 +80,31 @@ class RemoteEngine:
         client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None))
         try:
             name = settings.resolved_served_model_name
-            served = [await _served(client, url, name) for url in urls]
+            # A replica down at start (restarting, its box rebooting) is routed around, as one
+            # that goes down later is: it joins once it answers and serves the same model with
+            # the same shape (``_rejoin``). Only with none answering is there nothing to serve.
+            answers = await asyncio.gather(
+                *(_served(client, url, name) for url in urls), return_exceptions=True
+            )
+            for answer in answers:
+                if isinstance(answer, BaseException) and not isinstance(answer, EngineUnavailable):
+                    raise answer
+            served = [a for a in answers if not isinstance(a, BaseException)]
+            if not served:
+                raise next(a for a in answers if isinstance(a, BaseException))
             if len(set(served)) > 1:
                 raise ConfigError(
                     f"the engine servers differ in (context length, KV block size): {served}"
                 )
             length, block_size = served[0]
             tokenizer = await _load_tokenizer(settings.resolved_model)
+            replicas = [Replica(u) for u in urls]
+            for replica, answer in zip(replicas, answers, strict=True):
+                if isinstance(answer, BaseException):
+                    log.warning("engine replica %s is down at start: %s", replica.url, answer)
+                    replica.healthy = replica.checked = False
             router = Router(
-                [Replica(u) for u in urls],
+                replicas,
                 settings.engine.replica_max_waiting,
                 round_robin=settings.engine.replica_routing == "round_robin",
             )
@@ -104,11 +120,32 @@ class RemoteEngine:
         except BaseException:
             await client.aclose()
             raise
-        engine._health = Health(router, client, settings.engine.replica_health_s)
+        engine._health = Health(
+            router, client, settings.engine.replica_health_s, rejoin=engine._rejoin
+        )
         await engine._health.check_all()
         engine._health.start()
-        log.info("engine: %d vLLM server(s) serve %s", len(urls), name)
+        log.info("engine: %d of %d vLLM server(s) serve %s", len(served), len(urls), name)
         return engine
+
+    async def _rejoin(self, replica: Replica) -> bool:
+        """Whether a replica first seen healthy after the start serves what the others do."""
+        try:
+            shape = await _served(self._client, replica.url, self.model_name)
+        except (EngineUnavailable, ConfigError) as exc:
+            log.warning("engine replica %s cannot join: %s", replica.url, exc)
+            return False
+        if shape != (self.max_model_len, self.cache_block_size):
+            log.error(
+                "engine replica %s serves %s with (context length, KV block size) %s, the others "
+                "%s: it is left out",
+                replica.url,
+                self.model_name,
+                shape,
+                (self.max_model_len, self.cache_block_size),
+            )
+            return False
+        return True
 
     def reachable(self) -> bool:
         return any(r.healthy for r in self.router.replicas)

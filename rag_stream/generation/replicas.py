@@ -17,7 +17,7 @@ import bisect
 import hashlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -33,6 +33,7 @@ class Replica:
     url: str  # the server's base URL, without /v1
     healthy: bool = True
     waiting: int = 0
+    checked: bool = True  # its model and shape were checked (False: it was down at start)
 
 
 def _point(text: str) -> int:
@@ -84,10 +85,17 @@ class Router:
 class Health:
     """Polls every replica's ``/health`` and ``/metrics`` every ``interval_s``."""
 
-    def __init__(self, router: Router, client: httpx.AsyncClient, interval_s: float) -> None:
+    def __init__(
+        self,
+        router: Router,
+        client: httpx.AsyncClient,
+        interval_s: float,
+        rejoin: Callable[[Replica], Awaitable[bool]] | None = None,
+    ) -> None:
         self._router = router
         self._client = client
         self._interval = interval_s
+        self._rejoin = rejoin  # asked before a replica down at start first counts as healthy
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -110,6 +118,9 @@ class Health:
             replica.waiting = int(float(found.group(1))) if found else 0
         except httpx.HTTPError:
             healthy = False
+        if healthy and not replica.checked:
+            replica.checked = self._rejoin is None or await self._rejoin(replica)
+            healthy = replica.checked
         if healthy != replica.healthy:
             log.warning("engine replica %s is %s", replica.url, "back" if healthy else "down")
         replica.healthy = healthy
