@@ -13,9 +13,10 @@ $(VENV)/.installed: pyproject.toml scripts/install.sh
 run: $(VENV)/.installed
 	$(BIN)/rag-stream serve
 
-# CI's suite: everything but the tests marked `extended` (docs/testing.md lists them)
+# CI's suite: everything but the tests marked `extended` (docs/testing.md lists them), in two
+# lanes side by side (tests/support/lanes.py)
 test:
-	$(BIN)/pytest -q -m "not extended" --durations=40
+	$(BIN)/pytest -q -m "not extended" -n 2 --durations=40
 
 # the whole suite, extended tests included (about 5 minutes more)
 test-all:
@@ -33,8 +34,9 @@ format:
 	$(BIN)/ruff check --fix rag_stream tests scripts migrations
 	$(BIN)/ruff format rag_stream tests scripts migrations
 
-# the API and vLLM CPU images, from a Debian base made here without a registry (docs/deploy.md)
-images:
+# the API and vLLM CPU images, from a Debian base made here without a registry (docs/deploy.md);
+# .venv first: it pins the images' dependencies
+images: $(VENV)/.installed
 	bash scripts/images.sh
 
 clean:

@@ -66,13 +66,15 @@ def in_process_factory(
         given = {k: v for k, v in overrides.items() if k not in stub_fields}
         given.setdefault("data_dir", tmp_path_factory.mktemp("inprocess-data"))
         async with contextlib.AsyncExitStack() as stack:
+            migrated: SchemaTemplate | None = template
             if database == "postgresql":
-                given["database_url"] = await stack.enter_async_context(postgres())
+                given["database_url"] = await stack.enter_async_context(postgres(migrated=True))
+                migrated = None  # a copy of a database at the schema's head
             elif database != "sqlite":
                 raise ValueError(f"database must be 'sqlite' or 'postgresql', not {database!r}")
             settings = explicit_settings(models_dir=models_dir, **given)
             yield await stack.enter_async_context(
-                run_in_process(settings, shared_embedder, stub, migrated=template, headers=headers)
+                run_in_process(settings, shared_embedder, stub, migrated=migrated, headers=headers)
             )
 
     return start

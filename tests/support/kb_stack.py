@@ -10,7 +10,11 @@ server never see each other's points. tests/conftest.py moves the variable to
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -40,11 +44,6 @@ QDRANT_URL = os.environ.get("TEST_QDRANT_URL")
 BACKENDS = ["edge", "local", *(["server"] if QDRANT_URL else [])]
 # Small, so that tests write past it and search, replace and delete over indexed segments too.
 EDGE_OPTIMIZE_AFTER = 40
-
-
-def postgres_database() -> Iterator[str]:
-    """A fresh database on the real PostgreSQL server, dropped afterwards."""
-    yield from fresh_database("rag_stream_kb")
 
 
 @dataclass
@@ -160,18 +159,27 @@ async def embedder(embedder_path: Path) -> LoadedEmbedder:
     return await load_embedder(str(embedder_path), backend="onnx")
 
 
+@functools.cache
+def sqlite_schema() -> Path:
+    """An SQLite file at the schema's head, migrated once per test process: each test's
+    database is a copy."""
+    folder = Path(tempfile.mkdtemp(prefix="rag-stream-kb-schema-"))
+    atexit.register(shutil.rmtree, folder, True)
+    upgrade(f"sqlite+aiosqlite:///{folder / 'db.sqlite'}")
+    return folder / "db.sqlite"
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A migrated database: a SQLite file, or a fresh database on the real PostgreSQL."""
+    """A database at the schema's head: an SQLite file, or a database on the real PostgreSQL,
+    each a copy of one migrated once per run (tests/support/pg.py)."""
     if request.param == "sqlite":
-        url = f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"
-        upgrade(url)
-        yield url
+        path = tmp_path / "db.sqlite"
+        shutil.copyfile(sqlite_schema(), path)
+        yield f"sqlite+aiosqlite:///{path}"
         return
-    databases = postgres_database()
-    url = next(databases)
-    upgrade(url)
-    yield url
+    databases = fresh_database("rag_stream_kb", migrated=True)
+    yield next(databases)
     databases.close()
 
 

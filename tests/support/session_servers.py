@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,7 @@ from tests.conftest import (
 from tests.support.cluster import Cluster
 from tests.support.jobs_pair import JobsPair, start_jobs_pair
 from tests.support.kv_engines import KvEngines, start_kv_engines, wanted_engines
+from tests.support.lanes import LaneScheduling, check_lanes, this_lane
 from tests.support.redis_keys import drop_keys
 from tests.support.server import ROOT, ServerProcess
 
@@ -32,8 +34,8 @@ TINY_KV_PREFIX = f"{SESSION_PREFIX}-kv"
 
 
 def used_by_this_run(request: pytest.FixtureRequest, fixture: str) -> bool:
-    """Whether a test selected for this run uses ``fixture``."""
-    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+    """Whether a test this process runs (its lane's, under xdist) uses ``fixture``."""
+    return any(fixture in getattr(item, "fixturenames", ()) for item in this_lane(request.node))
 
 
 # A session's shared processes hold a few GB each (an engine ~3-4 GB with its core and worker)
@@ -49,12 +51,37 @@ def release_after_last_user(
     request.config.stash.setdefault(_RELEASES, {})[fixture] = stop
 
 
+# The shared processes that run a vLLM engine: each is started by one lane only
+ENGINE_FIXTURES = (
+    "tiny_server_start",
+    "default_server_start",
+    "takeover_servers_start",
+    "jobs_servers_start",
+    "smollm2_server_start",
+    "engine_death_victim_start",
+    "tenant_server_start",
+    "chat_page_server_start",
+    "cluster_start",
+    "kv_engines_start",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    check_lanes(items, ENGINE_FIXTURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LaneScheduling:
+    return LaneScheduling(config, log)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     releases = item.config.stash.get(_RELEASES, {})
     if not releases:
         return
-    items = item.session.items
+    items = this_lane(item)
     later = items[items.index(item) + 1 :] if nextitem is not None else []
     for fixture in list(releases):
         if not any(fixture in getattr(later_item, "fixturenames", ()) for later_item in later):
