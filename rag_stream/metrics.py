@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterator
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.metrics_core import Metric
 
 from rag_stream.schemas.events import Done
 
@@ -90,4 +100,20 @@ class Metrics:
         self.completion_tokens.inc(done.usage.completion_tokens)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + generate_latest(_ENGINE)
+
+
+class _EngineMetrics:
+    """vLLM's own metrics (``vllm:*``: requests, tokens, prefix-cache hits, speculative drafts
+    proposed and accepted) when its engine runs in this process: its Prometheus logger records
+    them in prometheus_client's global registry, which nothing else here exposes. A server on
+    vLLM replicas (engine_urls) has none; the replicas show theirs."""
+
+    def collect(self) -> Iterator[Metric]:
+        for family in REGISTRY.collect():
+            if family.name.startswith("vllm:"):
+                yield family
+
+
+_ENGINE = CollectorRegistry()
+_ENGINE.register(_EngineMetrics())

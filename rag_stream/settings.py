@@ -204,6 +204,44 @@ class EngineSettings(BaseModel):
         "the next healthy replica (to compare, or for traffic without shared prefixes).",
     )
 
+    speculative: Literal["off", "ngram"] = Field(
+        "off",
+        description="Speculative decoding in the in-process engine. `ngram` (prompt lookup): "
+        "vLLM drafts the next tokens by finding the last few generated ones in the prompt and "
+        "checks the drafts in one step, so text copied from the sources comes faster; greedy "
+        "text is the same as without it. vLLM replicas (engine_urls) take vLLM's own "
+        "`--speculative-config` instead (docs/deploy.md).",
+    )
+    speculative_tokens: int = Field(
+        4, ge=1, le=16, description="With speculative `ngram`: tokens drafted a step."
+    )
+    prompt_lookup_min: int = Field(
+        2, ge=1, description="With speculative `ngram`: the shortest n-gram looked up."
+    )
+    prompt_lookup_max: int = Field(
+        4, ge=1, description="With speculative `ngram`: the longest n-gram looked up."
+    )
+
+    @model_validator(mode="after")
+    def _lookup_window(self) -> EngineSettings:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
+                f"prompt_lookup_max ({self.prompt_lookup_max})"
+            )
+        return self
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        """vLLM's ``speculative_config`` for these settings (None: off)."""
+        if self.speculative == "off":
+            return None
+        return {
+            "method": self.speculative,
+            "num_speculative_tokens": self.speculative_tokens,
+            "prompt_lookup_min": self.prompt_lookup_min,
+            "prompt_lookup_max": self.prompt_lookup_max,
+        }
+
     @model_validator(mode="after")
     def _step_holds_every_sequence(self) -> EngineSettings:
         if (

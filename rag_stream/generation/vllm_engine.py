@@ -86,6 +86,7 @@ class VLLMEngine:
                 # is what we actually want, so keep the reservation check permissive.
                 gpu_memory_utilization=0.3,
                 seed=0,
+                speculative_config=cfg.speculative_config(),
                 **executor,
                 **engine_overrides,
             )

@@ -184,7 +184,10 @@ def test_bad_job_requests_get_clear_errors(servers: Servers) -> None:
 
 def test_cancel_mid_job_ends_it_with_the_sections_written_so_far(servers: Servers) -> None:
     server = servers.survivor
-    job = _start(server, {**JOB, "section_tokens": 60})
+    # Sections long enough (about 5 s each here) that the cancel lands inside the second one
+    # even when this reader trails the stream by seconds on a busy machine (CI once saw the
+    # section end first with 60 tokens, which is no cancel mid-section)
+    job = _start(server, {**JOB, "section_tokens": 150})
     follower = _Follower(server, job["id"])
     follower.wait_until(_in_section(1, 3))  # running, in its second section
     r = httpx.post(f"{server.url}/v1/jobs/{job['id']}/cancel", timeout=60)

@@ -63,6 +63,7 @@ ENGINE_FIXTURES = (
     "chat_page_server_start",
     "cluster_start",
     "kv_engines_start",
+    "speculative_servers_start",
 )
 
 
@@ -239,6 +240,40 @@ def engine_death_victim_start(
     return _smollm2_on_redis(request, server_factory, smollm2_path, "engine_death_victim_start")
 
 
+# Where the speculative tiny server saves KV blocks (its own, not the tiny server's)
+SPECULATIVE_KV_PREFIX = f"{SESSION_PREFIX}-kv-spec"
+
+
+@pytest.fixture(scope="session")
+def speculative_servers_start(
+    request: pytest.FixtureRequest,
+    server_factory: ServerFactory,
+    tiny_model: Path,
+    smollm2_path: Path,
+) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """test_engine_speculative.py's servers, the tiny model's and SmolLM2's, with prompt-lookup
+    speculative decoding on (the tiny one with KV snapshots, as ``tiny_server``), started, not
+    waited for."""
+    spec = {"RAG_STREAM_ENGINE__SPECULATIVE": "ngram", "RAG_STREAM_REDIS_URL": REDIS_URL}
+    tiny = server_factory(
+        wait=False,
+        RAG_STREAM_MODEL=str(tiny_model),
+        RAG_STREAM_KV__ENABLED="true",
+        RAG_STREAM_KV__KEY_PREFIX=SPECULATIVE_KV_PREFIX,
+        **spec,
+    )
+    smollm2 = server_factory(wait=False, RAG_STREAM_MODEL=str(smollm2_path), **spec)
+
+    def stop() -> None:
+        tiny.stop()
+        smollm2.stop()
+        drop_keys(REDIS_URL, SPECULATIVE_KV_PREFIX)
+
+    release_after_last_user(request, "speculative_servers_start", stop)
+    yield tiny, smollm2
+    stop()
+
+
 @dataclass
 class KeyedServer:
     """A server that requires API keys, on a PostgreSQL database of its own, and the settings
@@ -372,7 +407,8 @@ def kv_engines_start(
 
 # The first test of the module on the left starts a later module's processes (a minute or
 # two ahead): an engine start is mostly one busy core while those tests mostly wait on servers,
-# subprocesses and timers, and an idle engine costs only memory until its module comes.
+# subprocesses and timers, and an idle engine costs only memory until its module comes. In two
+# lanes (tests/support/lanes.py) a module starts only what a later module of its lane uses.
 START_AHEAD = {
     "test_admission.py": "tiny_server_start",
     "test_answers.py": "smollm2_server_start",
@@ -380,10 +416,11 @@ START_AHEAD = {
     # (test_conversation_list and test_database_restart run in-process now, in seconds: the
     # default server, SmolLM2 and the sample KB, needs the modules before them too)
     "test_coalesce.py": "default_server_start",
-    "test_edge_worker.py": "engine_death_victim_start",
+    "test_default_stack.py": "engine_death_victim_start",
+    "test_detokenize_smollm2.py": "speculative_servers_start",
     "test_job_redis_faults.py": "jobs_servers_start",
     "test_jobs.py": "kv_engines_start",
-    "test_store_upkeep.py": "takeover_servers_start",
+    "test_soak_short.py": "takeover_servers_start",
     "test_takeover.py": "tenant_server_start",
     "test_tenants.py": "chat_page_server_start",  # tests/e2e runs last (``testpaths``)
 }

@@ -1,0 +1,77 @@
+"""Prompt-lookup (n-gram) speculative decoding (`engine.speculative: ngram`) changes how fast
+greedy text comes, never the text: a server with it on answers exactly as a server of the same
+model without it, on the tiny model (with KV snapshots on, as ``tiny_server``) and on SmolLM2,
+float32. The prompts repeat a passage (and the tiny model, random, repeats itself), so drafts are
+proposed and accepted; vLLM's own counters, on the server's /metrics, show that they were."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from tests.support.server import ServerProcess
+
+PASSAGE = (
+    "Every event is written to Redis with an increasing id before any client sees it, so a "
+    "client that drops reconnects with Last-Event-ID and continues: nothing lost, nothing "
+    "repeated, identical text. "
+)
+PROMPTS = [
+    f"{PASSAGE * 3}Repeat the passage above word for word: {PASSAGE[:60]}",
+    f"Notes: {PASSAGE}{PASSAGE}Summary of the notes: Every event",
+    "alpha beta gamma delta " * 20,  # the random tiny model falls into a loop: drafts hit
+]
+CHAT = "Copy this sentence exactly, twice:\n" + PASSAGE
+
+
+def _generate(server: ServerProcess, body: dict[str, object]) -> dict[str, object]:
+    request = {"max_tokens": 96, "temperature": 0, "stream": False, **body}
+    r = httpx.post(f"{server.url}/v1/generate", json=request, timeout=600)
+    r.raise_for_status()
+    answer: dict[str, object] = r.json()
+    return answer
+
+
+def _accepted_drafts(server: ServerProcess) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    found = re.findall(
+        r"^vllm:spec_decode_num_accepted_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M
+    )
+    return sum(float(v) for v in found)
+
+
+@pytest.fixture(scope="module")
+def servers(
+    speculative_servers_start: tuple[ServerProcess, ServerProcess],
+) -> tuple[ServerProcess, ServerProcess]:
+    for server in speculative_servers_start:
+        server.wait_ready()
+    return speculative_servers_start
+
+
+def test_greedy_text_on_the_tiny_model_is_the_same_with_drafts(
+    servers: tuple[ServerProcess, ServerProcess], tiny_server: ServerProcess
+) -> None:
+    speculative = servers[0]
+    before = _accepted_drafts(speculative)
+    for prompt in PROMPTS:
+        plain = _generate(tiny_server, {"prompt": prompt})
+        drafted = _generate(speculative, {"prompt": prompt})
+        assert drafted["token_ids"] == plain["token_ids"], prompt
+        assert drafted["text"] == plain["text"]
+    assert _accepted_drafts(speculative) > before  # drafts were made, and some kept
+
+
+def test_greedy_text_on_smollm2_is_the_same_with_drafts(
+    servers: tuple[ServerProcess, ServerProcess], smollm2_server: ServerProcess
+) -> None:
+    speculative = servers[1]
+    before = _accepted_drafts(speculative)
+    for body in ({"prompt": CHAT, "chat": True}, {"prompt": PROMPTS[0]}):
+        plain = _generate(smollm2_server, body)
+        drafted = _generate(speculative, body)
+        assert drafted["token_ids"] == plain["token_ids"], body
+        assert drafted["text"] == plain["text"]
+    assert _accepted_drafts(speculative) > before
