@@ -1,22 +1,28 @@
-"""Prompt-lookup (n-gram) speculative decoding on and off, side by side (issue 37, item 1).
+"""Two settings of the in-process engine side by side: prompt-lookup speculative decoding off
+and on (``--compare speculative``, issue 37 item 1), or the engine's CPU threads, 1 and 2
+(``--compare threads``, item 2).
 
 Two `rag-stream serve` processes on the same SmolLM2 engine settings (float32, greedy, prefix
-caching; scripts/benchkit.py ``engine_env``), one with ``RAG_STREAM_ENGINE__SPECULATIVE=ngram``,
-each with the sample KB `docs` (this repository's documentation). Three workloads, each at
-several concurrencies, the two servers alternating which goes first each round:
+caching; scripts/benchkit.py ``engine_env``) but the one compared, each with the sample KB `docs`
+(this repository's documentation). Three workloads, each at several concurrencies, the two
+servers alternating which goes first each round (the other is idle meanwhile):
 
-- ``answers``: POST /v1/answers on `docs` (RAG: the answer copies from its sources);
+- ``answers``: POST /v1/answers on `docs` (RAG: the answer copies from its sources; a `kb:`
+  chat completion runs the same kind);
 - ``job``: a one-section job on `docs` (POST /v1/jobs with an outline), to its end;
 - ``chat``: POST /v1/generate with `chat: true` and no sources (little to copy: a slowdown
   would show here).
 
 Each request is asked of both servers; per request: time to the last token (the request's wall
-time; a job's from creation to `done`), TTFT (`timings.ttft_ms`, answers and chat), decode
-tokens/s, and whether the text is identical. vLLM's own draft counters (on /metrics) give the
-acceptance rate.
+time; a job's from creation to its end), TTFT (`timings.ttft_ms`, answers and chat), decode
+tokens/s, whether the text is identical, and the sources the answer or job retrieved (each
+server searches a KB of its own, so prompts are the same only where these are). With
+``speculative``, vLLM's own draft counters (on /metrics) give the acceptance rate.
 
-    .venv/bin/python scripts/bench_speculative.py --rounds 2 --concurrency 1,4,8 \\
-        --out docs/bench/speculative.json
+    .venv/bin/python scripts/bench_engine_options.py --compare speculative --rounds 2 \
+        --concurrency 1,4,8 --out docs/bench/speculative.json
+    .venv/bin/python scripts/bench_engine_options.py --compare threads --rounds 2 \
+        --concurrency 1,4,8 --workloads answers,chat --out docs/bench/engine-threads.json
 """
 
 from __future__ import annotations
@@ -50,7 +56,17 @@ from scripts.benchkit import (  # noqa: E402
 )
 from tests.support.server import ServerProcess  # noqa: E402
 
-SIDES = ("off", "ngram")
+# the sides of each comparison, in order: (name, settings)
+COMPARISONS: dict[str, tuple[tuple[str, dict[str, str]], tuple[str, dict[str, str]]]] = {
+    "speculative": (
+        ("off", {"RAG_STREAM_ENGINE__SPECULATIVE": "off"}),
+        ("ngram", {"RAG_STREAM_ENGINE__SPECULATIVE": "ngram"}),
+    ),
+    "threads": (
+        ("1", {"RAG_STREAM_ENGINE__CPU_THREADS": "1"}),
+        ("2", {"RAG_STREAM_ENGINE__CPU_THREADS": "2"}),
+    ),
+}
 QUESTIONS = (
     "How does a client resume a stream after its connection drops?",
     "What does the server do when Redis restarts empty under running streams?",
@@ -146,6 +162,7 @@ def run_batch(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="speculative")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--workloads", default="answers,job,chat")
@@ -154,11 +171,13 @@ def main() -> int:
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     workloads = args.workloads.split(",")
-    base = Path(tempfile.mkdtemp(prefix="bench-spec-"))
+    compared = COMPARISONS[args.compare]
+    sides = tuple(name for name, _ in compared)
+    before, after = sides
+    base = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     env = {**engine_env(), "RAG_STREAM_INGEST__SAMPLE_KB": "true"}
     servers = {
-        side: start_rag_stream(base / side, {**env, "RAG_STREAM_ENGINE__SPECULATIVE": side})
-        for side in SIDES
+        name: start_rag_stream(base / name, {**env, **settings}) for name, settings in compared
     }
     try:
         for server in servers.values():
@@ -174,17 +193,17 @@ def main() -> int:
             ask(server, "answers", 0, 8)  # warm: the first request pays for lazy set-up
         conditions = Conditions()
         rows: list[dict[str, Any]] = []
-        start_drafts = {side: drafts(s) for side, s in servers.items()}
+        start_drafts = drafts(servers[after])
         for workload in workloads:
             for c in levels:
-                measured: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+                measured: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
                 for rnd in range(args.rounds):
                     first = 1000 * rnd + 100 * c
-                    for side in alternate(SIDES, rnd):
+                    for side in alternate(sides, rnd):
                         batch = run_batch(servers[side], workload, c, first, args.max_tokens)
                         measured[side].extend(batch)
                         print(workload, c, rnd, side, [round(b["wall_s"], 2) for b in batch])
-                pairs = list(zip(measured["off"], measured["ngram"], strict=True))
+                pairs = list(zip(measured[before], measured[after], strict=True))
                 row: dict[str, Any] = {"workload": workload, "concurrency": c}
                 row["identical"] = sum(a["text"] == b["text"] for a, b in pairs)
                 row["requests"] = len(pairs)
@@ -192,22 +211,23 @@ def main() -> int:
                 same = [(a, b) for a, b in pairs if a["sources"] == b["sources"]]
                 row["same_sources"] = len(same)
                 row["identical_with_same_sources"] = sum(a["text"] == b["text"] for a, b in same)
-                for side in SIDES:
+                for side in sides:
                     row[f"last_token_s_{side}"] = summary(m["wall_s"] for m in measured[side])
                     ttft = [m["ttft_ms"] for m in measured[side] if m.get("ttft_ms") is not None]
                     tps = [m["tokens_per_s"] for m in measured[side] if m.get("tokens_per_s")]
                     row[f"ttft_ms_{side}"] = summary(ttft) if ttft else None
                     row[f"tokens_per_s_{side}"] = summary(tps) if tps else None
                 row["speedup_last_token"] = ratio(
-                    row["last_token_s_off"]["p50"], row["last_token_s_ngram"]["p50"]
+                    row[f"last_token_s_{before}"]["p50"], row[f"last_token_s_{after}"]["p50"]
                 )
                 print(row)
                 rows.append(row)
-        end = drafts(servers["ngram"])
-        proposed = end[0] - start_drafts["ngram"][0]
-        accepted = end[1] - start_drafts["ngram"][1]
+        end = drafts(servers[after])
+        proposed = end[0] - start_drafts[0]
+        accepted = end[1] - start_drafts[1]
         report = {
             "command": command(),
+            "compare": args.compare,
             "rows": rows,
             "drafts": {
                 "proposed": proposed,
