@@ -215,9 +215,13 @@ async def get_document(
     except NotFound:
         pending = await ingests.get(session, found.id, doc)
         if pending is None:
-            raise
-        await session.commit()  # (it may have been found abandoned, and marked failed)
-        return DocumentDetail(**document_out(pending), text=None)
+            # A background ingest ending between the two reads: the commit that writes the
+            # document deletes its row, and each read sees what was committed when it ran
+            # (SQLite's driver and PostgreSQL's read committed alike), so look once more.
+            document = await repo.get_document(session, found.id, doc)
+        else:
+            await session.commit()  # (it may have been found abandoned, and marked failed)
+            return DocumentDetail(**document_out(pending), text=None)
     chunks = None
     if include_chunks:
         chunks = [

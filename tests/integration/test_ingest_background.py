@@ -437,3 +437,40 @@ async def test_background_embedding_runs_on_one_thread_at_nice_19_with_the_same_
         assert nice == 19
     finally:
         slow.close()
+
+
+async def test_a_document_whose_ingest_ends_between_two_reads_is_found(
+    tmp_path: Path, models_dir: Path, gate: GatedEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET on a document reads it, then (not found) its ingest row. The commit that ends a
+    background ingest writes the one and deletes the other, and each read sees what was
+    committed when it ran: a commit between the two reads found neither (a 404 seen in CI).
+    Here the first read comes just before that commit, the second just after it."""
+    from rag_stream.api import documents as route
+
+    gate.release()
+    async with service(tmp_path, models_dir, gate) as app:
+        kb, _ = await new_kb(app.client)
+        r = await app.client.post(
+            f"/v1/kbs/{kb}/documents", json={"title": "birds", "text": "The wren is loud."}
+        )
+        assert r.status_code == 201, r.text
+        doc = r.json()["id"]
+        real_get = route.repo.get_document
+        reads = 0
+
+        async def before_the_commit_then_after(*args: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            if reads == 1:
+                raise route.NotFound("no such document")  # (as read just before the commit)
+            return await real_get(*args)
+
+        async def row_gone(*_args: Any) -> None:
+            return None  # the ingest's row, deleted by that commit
+
+        monkeypatch.setattr(route.repo, "get_document", before_the_commit_then_after)
+        monkeypatch.setattr(route.ingests, "get", row_gone)
+        seen = await app.client.get(f"/v1/kbs/{kb}/documents/{doc}")
+        assert seen.status_code == 200, seen.text
+        assert seen.json()["status"] == "ready" and seen.json()["text"] == "The wren is loud."
