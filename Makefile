@@ -1,4 +1,4 @@
-.PHONY: install run test test-lanes test-all test-fast check lint format bench clean images
+.PHONY: install run test test-serial test-all test-fast check lint format bench clean images
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,14 +13,14 @@ $(VENV)/.installed: pyproject.toml scripts/install.sh
 run: $(VENV)/.installed
 	$(BIN)/rag-stream serve
 
-# CI's suite: everything but the tests marked `extended` (docs/testing.md lists them)
+# CI's suite: everything but the tests marked `extended` (docs/testing.md lists them),
+# in two lanes side by side (tests/support/lanes.py): about 10 minutes on 2 cores
 test:
-	$(BIN)/pytest -q -m "not extended" --durations=40
-
-# the same in two lanes side by side (tests/support/lanes.py): about 10 minutes instead of 20,
-# but some tests that interrupt a running stream can still lose their race on a busy machine
-test-lanes:
 	$(BIN)/pytest -q -m "not extended" -n 2 --durations=40
+
+# the same, one lane after the other (about 14 minutes)
+test-serial:
+	$(BIN)/pytest -q -m "not extended" --durations=40
 
 # the whole suite, extended tests included (about 5 minutes more)
 test-all:

@@ -11,6 +11,7 @@ import pytest
 from rag_stream.client import AsyncClient, Client, Reconnect, RetryPolicy
 from rag_stream.errors import InvalidRequest, NotFound
 from rag_stream.schemas.events import Citation, Done, Event, StreamStarted, Token
+from tests.support.brake import Brake, engine_cores
 from tests.support.kb import make_kb
 from tests.support.proxy import TcpProxy
 from tests.support.server import ServerProcess
@@ -32,7 +33,7 @@ DOCS = [
     ),
 ]
 QUESTION = "Describe the Skerry lighthouse and the life of its keepers."
-MAX_TOKENS = 400  # a second or more on the tiny model: the cuts land in a running stream
+MAX_TOKENS = 400  # about a second on the tiny model; the cuts slow it (tests/support/brake.py)
 CUT_AT_TOKEN = 5  # token events received before the connection is cut
 QUICK = RetryPolicy(max_retries=5, backoff_s=0.05, max_backoff_s=0.5)
 
@@ -85,16 +86,21 @@ async def test_async_client_rides_out_cut_connections(
             AsyncClient(proxy.url, retry=QUICK, on_reconnect=notices.append) as client,
             AsyncClient(server.url) as direct,
         ):
-            stream = client.ask(kb, QUESTION, max_tokens=MAX_TOKENS)
-            async for event in stream:
-                events.append(event)
-                if sum(isinstance(e, Token) for e in events) == CUT_AT_TOKEN and not notices:
-                    assert stream.stream_id is not None
-                    status = await direct.stream_status(stream.stream_id)
-                    assert status.status == "running", status  # cut a live stream
-                    assert status.finish_reason is None
-                    proxy.refuse_next(2)  # the first two reconnections fail as well
-                    assert proxy.drop() == 1
+            # the engine slowed, and stopped at the cut: the stream is live when it is cut,
+            # however far this reader trails it (tests/support/brake.py)
+            with Brake(engine_cores(server.proc.pid)) as brake:
+                stream = client.ask(kb, QUESTION, max_tokens=MAX_TOKENS)
+                async for event in stream:
+                    events.append(event)
+                    if sum(isinstance(e, Token) for e in events) == CUT_AT_TOKEN and not notices:
+                        assert stream.stream_id is not None
+                        with brake.hold():
+                            status = await direct.stream_status(stream.stream_id)
+                            assert status.status == "running", status  # cut a live stream
+                            assert status.finish_reason is None
+                            proxy.refuse_next(2)  # the first two reconnections fail as well
+                            assert proxy.drop() == 1
+                        brake.release()
         assert proxy.accepted == 4  # the start, two refused, the resume that finished it
     _assert_same_answer(events, reference)
     assert [n.attempt for n in notices] == [1, 2, 3]
@@ -118,14 +124,17 @@ def test_sync_client_rides_out_a_reset_connection(
         TcpProxy(server.port) as proxy,
         Client(proxy.url, retry=QUICK, on_reconnect=notices.append) as client,
         Client(server.url) as direct,
-    ):
+        Brake(engine_cores(server.proc.pid)) as brake,
+    ):  # as above
         stream = client.ask(kb, QUESTION, max_tokens=MAX_TOKENS)
         for event in stream:
             events.append(event)
             if sum(isinstance(e, Token) for e in events) == CUT_AT_TOKEN and not notices:
                 assert stream.stream_id is not None
-                assert direct.stream_status(stream.stream_id).status == "running"
-                assert proxy.drop(reset=True) == 1
+                with brake.hold():
+                    assert direct.stream_status(stream.stream_id).status == "running"
+                    assert proxy.drop(reset=True) == 1
+                brake.release()
     _assert_same_answer(events, reference)
     assert len(notices) == 1
     assert _cut_id(events) <= notices[0].last_event_id < events[-1].id
@@ -162,12 +171,19 @@ async def test_cancel_mid_stream_ends_it_cancelled(server: ServerProcess, kb: st
     async with AsyncClient(server.url) as client:
         events: list[Event] = []
         question = "Write a long, detailed essay about lighthouses, their history and keepers."
-        async for event in client.ask(kb, question, max_tokens=400):
-            events.append(event)
-            if sum(isinstance(e, Token) for e in events) == 3:
-                assert isinstance(events[0], StreamStarted)
-                outcome = await client.cancel(events[0].stream_id)
-                assert outcome.cancelled, outcome  # it was still running
+        outcome = None
+        # the engine slowed, and stopped for the cancel: the stream is still running when the
+        # cancel comes, however far this reader trails it (tests/support/brake.py)
+        with Brake(engine_cores(server.proc.pid)) as brake:
+            async for event in client.ask(kb, question, max_tokens=400):
+                events.append(event)
+                # once: the event after the third token may be the `done` the cancel brought
+                if sum(isinstance(e, Token) for e in events) == 3 and outcome is None:
+                    assert isinstance(events[0], StreamStarted)
+                    with brake.hold():
+                        outcome = await client.cancel(events[0].stream_id)
+                    brake.release()
+                    assert outcome.cancelled, outcome  # it was still running
         done = events[-1]
         assert isinstance(done, Done) and done.finish_reason == "cancelled"
         assert done.usage.completion_tokens < 400

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import STUB_DELAY_S
 from tests.support import inprocess
+from tests.support.brake import Brake, engine_cores
 from tests.support.inprocess import InProcessFactory
 from tests.support.server import ServerProcess
 from tests.support.sse import Frame, read_stream, text_of
@@ -76,11 +77,17 @@ def test_resume_in_the_middle_of_a_coalesced_stream(tiny_server: ServerProcess) 
     def on_frame(frame: Frame) -> None:
         if frame.event == "stream":
             sids.append(frame.data["stream_id"])
-        elif frame.id == 3:  # the status, read before leaving (read after, it once said `done`)
+        elif frame.id == 3:  # the status, read before leaving with the engine stopped until then
+            brake.stop()
             url = f"{tiny_server.url}/v1/streams/{sids[0]}"
             statuses.append(httpx.get(url, timeout=30).json())
 
-    with httpx.Client(base_url=tiny_server.url, timeout=120) as client:
+    # the engine slowed, then stopped: the stream is running as the client leaves, however far
+    # the reader trails it (tests/support/brake.py)
+    with (
+        Brake(engine_cores(tiny_server.proc.pid)) as brake,
+        httpx.Client(base_url=tiny_server.url, timeout=120) as client,
+    ):
         # stream + 3 coalesced token events
         first = read_stream(
             client, "POST", "/v1/generate", json=body, stop_after=4, on_frame=on_frame
