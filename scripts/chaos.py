@@ -39,6 +39,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +90,14 @@ MAX_TOKENS = 96
 
 
 class Campaign:
-    def __init__(self, folder: Path, seed: int) -> None:
+    def __init__(
+        self, folder: Path, seed: int, scale: int = 1, saved: Callable[[], None] = lambda: None
+    ) -> None:
+        """``scale``: the faults other than ``kill`` meet that many times their usual streams;
+        ``saved`` writes the report so far (called after each kill round as well)."""
         self.folder = folder
+        self.scale = scale
+        self.saved = saved
         self.rng = random.Random(seed)
         self.counter = 0
         self.redis = RedisServer(folder / "redis")
@@ -214,7 +221,8 @@ class Campaign:
                 (x["kind"], x["verdict"]) for x in judged if x["on_victim"] and x["running_at_kill"]
             )
             print(f"kill round {r} ({victim.name}): {dict(counts)}", flush=True)
-        self.results["kill"] = {"streams": rows, "recovery": recoveries}
+            self.results["kill"] = {"streams": rows, "recovery": recoveries}
+            self.saved()  # a campaign cut short keeps the rounds it ran
 
     def fault_round(
         self, name: str, fault: Any, heal: Any, kinds: list[str], on: list[Api] | None = None
@@ -264,6 +272,7 @@ class Campaign:
                 api.start()
 
         mix = ["generate", "answers", "chat", "answers", "generate", "chat", "answers", "job"]
+        mix *= self.scale
         # every stream on server a, so the fault meets all of them
         self.fault_round(name, fault, heal, mix, on=[api])
 
@@ -277,7 +286,7 @@ class Campaign:
                 self.redis.wipe()
             self.redis.start(persist=persist)
 
-        mix = ["generate", "answers", "chat", "job", "generate", "chat"]
+        mix = ["generate", "answers", "chat", "job", "generate", "chat"] * self.scale
         if not persist:  # switch the running Redis to no persistence first
             self.redis.kill()
             self.redis.wipe()
@@ -286,7 +295,7 @@ class Campaign:
         self.fault_round("redis-persist" if persist else "redis-empty", fault, heal, mix)
 
     def postgres_restart(self) -> None:
-        mix = ["generate", "answers", "chat", "job", "answers", "chat"]
+        mix = ["generate", "answers", "chat", "job", "answers", "chat"] * self.scale
         self.fault_round("postgres", self.pg.restart, lambda: None, mix)
 
     def slow_reader(self) -> None:
@@ -342,6 +351,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--per-kind", type=int, default=2, help="streams of each kind a round")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--scale", type=int, default=1, help="the other faults meet this many times their streams"
+    )
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -363,7 +375,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rs-chaos-") as tmp:
         folder = Path(tmp)
         shutil.chown(folder, "postgres", "postgres")
-        campaign = Campaign(folder, args.seed)
+        campaign = Campaign(folder, args.seed, args.scale, lambda: save(campaign.results))
         every = ["kill", "engine-core", "store-worker", "postgres", "slow-reader", "redis"]
         steps = {
             "kill": lambda: campaign.kill_rounds(args.rounds, args.per_kind),

@@ -247,8 +247,7 @@ def test_kill_9_of_the_api_process_mid_stream_the_other_takes_over(cluster: Clus
     reference = _generate(survivor.url, STORY)
     # the replicas slowed, then stopped while the process dies: the stream is still generating
     # then, however far the reader trails it (tests/support/brake.py)
-    cores = [pid for replica in cluster.replicas for pid in engine_cores(replica.pid)]
-    with Brake(cores) as brake:
+    with Brake(engine_cores(*(replica.pid for replica in cluster.replicas))) as brake:
         reader = _Reader(victim.url, STORY)
         reader.wait_for_tokens(10)
         sid = reader.frames[0].data["stream_id"]

@@ -23,16 +23,18 @@ from types import TracebackType
 import psutil
 
 
-def engine_cores(pid: int) -> list[int]:
-    """The vLLM engine cores under process ``pid`` (a ``rag-stream serve`` or a vLLM server):
-    its descendants whose command line holds ``EngineCore``, the title vLLM gives them."""
-    cores = [
-        child.pid
-        for child in psutil.Process(pid).children(recursive=True)
-        if "EngineCore" in " ".join(_cmdline(child))
-    ]
+def engine_cores(*pids: int) -> list[int]:
+    """The vLLM engine cores under the processes ``pids`` (``rag-stream serve`` or vLLM
+    servers): their descendants whose command line holds ``EngineCore``, the title vLLM gives
+    them. A process that has ended counts for none (a replica an earlier test killed); at least
+    one must be found."""
+    cores = []
+    for pid in pids:
+        with suppress(psutil.NoSuchProcess):
+            children = psutil.Process(pid).children(recursive=True)
+            cores += [c.pid for c in children if "EngineCore" in " ".join(_cmdline(c))]
     if not cores:
-        raise LookupError(f"process {pid} runs no vLLM engine core")
+        raise LookupError(f"processes {pids} run no vLLM engine core")
     return cores
 
 

@@ -52,7 +52,7 @@ from rag_stream.settings import ProfileSource, Settings
 from rag_stream.store.keys import create_key
 from tests.conftest import REDIS_URL, SESSION_PREFIX
 from tests.support.fakes import LedgerStubEngine, RecordingStubEngine, stub_engine
-from tests.support.pg import postgres_database
+from tests.support.pg import postgres_database, sqlite_at_head
 from tests.support.slow_embedder import SlowEmbedder
 from tests.support.sse import Frame
 
@@ -122,23 +122,20 @@ def explicit_settings(
 
 
 class SchemaTemplate:
-    """The schema, migrated once per session into an SQLite file each new app's data dir gets
-    a copy of (Alembic takes about a second a run); a database URL given is migrated."""
+    """Each new app's data dir gets a copy of the SQLite file at the schema's head migrated once
+    per process (tests/support/pg.py); a database URL given is migrated."""
 
-    def __init__(self, folder: Path) -> None:
-        self._template = folder / "template.db"
+    def __init__(self) -> None:
         self._lock = asyncio.Lock()
 
     async def prepare(self, settings: Settings) -> None:
         if settings.database_url is not None:
             await asyncio.to_thread(migrate, settings)
             return
-        async with self._lock:
-            if not self._template.exists():
-                url = f"sqlite+aiosqlite:///{self._template}"
-                await asyncio.to_thread(migrate, settings.model_copy(update={"database_url": url}))
+        async with self._lock:  # (migrated on a thread the first time: one at a time)
+            template = await asyncio.to_thread(sqlite_at_head)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self._template, settings.data_dir / "rag-stream.db")
+        shutil.copyfile(template, settings.data_dir / "rag-stream.db")
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ def in_process_factory(
         run_in_process,
     )
 
-    template = SchemaTemplate(tmp_path_factory.mktemp("inprocess-schema"))
+    template = SchemaTemplate()
     stub_fields = {f.name for f in dataclasses.fields(StubOptions)}
 
     @contextlib.asynccontextmanager

@@ -10,11 +10,8 @@ server never see each other's points. tests/conftest.py moves the variable to
 
 from __future__ import annotations
 
-import atexit
-import functools
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -35,9 +32,10 @@ from rag_stream.retrieval.qdrant_store import QdrantVectorStore
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.vector_store import VectorStore
 from rag_stream.settings import IngestSettings
-from rag_stream.store.db import create_db, upgrade
+from rag_stream.store.db import create_db
 from rag_stream.store.models import Chunk, Document, KnowledgeBase
 from tests.support.pg import postgres_database as fresh_database
+from tests.support.pg import sqlite_at_head
 
 SMALL_CHUNKS = IngestSettings(chunk_tokens=64, chunk_overlap=8)
 QDRANT_URL = os.environ.get("TEST_QDRANT_URL")
@@ -159,23 +157,13 @@ async def embedder(embedder_path: Path) -> LoadedEmbedder:
     return await load_embedder(str(embedder_path), backend="onnx")
 
 
-@functools.cache
-def sqlite_schema() -> Path:
-    """An SQLite file at the schema's head, migrated once per test process: each test's
-    database is a copy."""
-    folder = Path(tempfile.mkdtemp(prefix="rag-stream-kb-schema-"))
-    atexit.register(shutil.rmtree, folder, True)
-    upgrade(f"sqlite+aiosqlite:///{folder / 'db.sqlite'}")
-    return folder / "db.sqlite"
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A database at the schema's head: an SQLite file, or a database on the real PostgreSQL,
     each a copy of one migrated once per run (tests/support/pg.py)."""
     if request.param == "sqlite":
         path = tmp_path / "db.sqlite"
-        shutil.copyfile(sqlite_schema(), path)
+        shutil.copyfile(sqlite_at_head(), path)
         yield f"sqlite+aiosqlite:///{path}"
         return
     databases = fresh_database("rag_stream_kb", migrated=True)

@@ -94,7 +94,8 @@ class LaneScheduling(LoadScopeScheduling):
 
 def check_lanes(items: Iterable[pytest.Item], shared: Iterable[str]) -> None:
     """Fail when a shared process (a session fixture of session_servers.py) is used by both
-    lanes: under xdist each lane would start its own and stop it at the wrong time."""
+    lanes: under xdist each lane's worker would start one of its own, two engines where the
+    machine has room for one."""
     by_fixture: dict[str, set[str]] = {}
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):

@@ -1,20 +1,36 @@
-"""Throwaway databases on the real PostgreSQL server: empty, or at the schema's head.
+"""Throwaway databases at the schema's head, or empty: on the real PostgreSQL server, or SQLite.
 
-A database at head is a copy of one migrated once per test process (``CREATE DATABASE ...
-TEMPLATE``, a file copy on the server, where Alembic takes about a second a run); the migrations
-themselves are tested on fresh databases (tests/integration/test_migrations.py)."""
+A database at head is a copy of one migrated once per test process (PostgreSQL's ``CREATE
+DATABASE ... TEMPLATE``, a file copy on the server; an SQLite file copied), where Alembic takes
+about a second a run; the migrations themselves are tested on fresh databases
+(tests/integration/test_migrations.py, test_upgrade.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
+import shutil
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+from rag_stream.store.db import upgrade
 from tests.conftest import POSTGRES_URL
 
 _ADMIN = POSTGRES_URL.replace("postgresql+asyncpg", "postgresql")
+
+
+@functools.cache
+def sqlite_at_head() -> Path:
+    """An SQLite file at the schema's head, migrated once per test process: copy it, never open
+    it (``shutil.copyfile(sqlite_at_head(), path)``)."""
+    folder = Path(tempfile.mkdtemp(prefix="rag-stream-schema-"))
+    atexit.register(shutil.rmtree, folder, True)
+    upgrade(f"sqlite+aiosqlite:///{folder / 'db.sqlite'}")
+    return folder / "db.sqlite"
 
 
 def _run(sql: str) -> None:
