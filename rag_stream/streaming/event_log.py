@@ -149,8 +149,17 @@ class NewStream:
 
 class EventLog(Protocol):
     async def create(
-        self, stream_id: str, first: Event, new: NewStream, owner: str, lease_ms: int
-    ) -> None: ...
+        self,
+        stream_id: str,
+        first: Event,
+        new: NewStream,
+        owner: str,
+        lease_ms: int,
+        plan_json: str | None = None,
+    ) -> None:
+        """The stream, its first event and its lease, at once; with ``plan_json``, its plan
+        too (as ``set_plan``), so no moment exists where it runs without one."""
+        ...
 
     async def append(self, batches: Sequence[Append]) -> list[AppendResult]:
         """Append the batches of several streams in one round trip; one result per batch, in

@@ -46,9 +46,10 @@ class Producer(Protocol):
 
     @property
     def initial_plan(self) -> BaseModel | None:
-        """A plan to save as soon as the stream exists (before its turn to generate comes),
-        for a kind whose stream must be continuable even if this process dies while it
-        waits; None for a kind whose first run saves its plan itself."""
+        """The plan saved with the stream as it is created (in the same write), so that a
+        takeover finds one however early this process dies, its wait for a generation slot
+        included; the first run may save a fuller one later. None: nothing to save yet (a
+        continuation)."""
         ...
 
     @property

@@ -56,9 +56,17 @@ class MemoryEventLog:
         self._changed = asyncio.Event()
 
     async def create(
-        self, stream_id: str, first: Event, new: NewStream, owner: str, lease_ms: int
+        self,
+        stream_id: str,
+        first: Event,
+        new: NewStream,
+        owner: str,
+        lease_ms: int,
+        plan_json: str | None = None,
     ) -> None:
         stream = _Stream({**new.fields(), "status": "running", "seen": str(now_ms())})
+        if plan_json is not None:
+            stream.meta["plan"] = plan_json
         stream.owner, stream.lease_until = owner, time.monotonic() + lease_ms / 1000
         stream.add([first])
         self._streams[stream_id] = stream

@@ -101,9 +101,15 @@ class Producers:
             abandon_after_s=abandon_after_s,
             alias=alias,
         )
-        await self.event_log.create(sid, first, new, self.owner, self.cfg.lease_ms)
-        if (plan := producer.initial_plan) is not None:
-            await self.event_log.set_plan(sid, plan.model_dump_json())
+        plan = producer.initial_plan
+        await self.event_log.create(
+            sid,
+            first,
+            new,
+            self.owner,
+            self.cfg.lease_ms,
+            plan_json=None if plan is None else plan.model_dump_json(),
+        )
         self.spawn(sid, new, [first], lambda: producer, ticket=ticket)
         return sid
 

@@ -215,7 +215,13 @@ class RedisEventLog:
         return None if found is None else found.decode() if isinstance(found, bytes) else found
 
     async def create(
-        self, stream_id: str, first: Event, new: NewStream, owner: str, lease_ms: int
+        self,
+        stream_id: str,
+        first: Event,
+        new: NewStream,
+        owner: str,
+        lease_ms: int,
+        plan_json: str | None = None,
     ) -> None:
         log, meta_key, lease = self._keys(stream_id)
         fields: dict[bytes | bytearray | memoryview[int] | str | int | float, str | int] = {
@@ -223,6 +229,8 @@ class RedisEventLog:
             "seen": str(now_ms()),
         }
         fields.update(new.fields())
+        if plan_json is not None:
+            fields["plan"] = plan_json
         try:
             async with self._r.pipeline(transaction=True) as pipe:
                 pipe.hset(meta_key, mapping=fields)

@@ -38,7 +38,7 @@ DOCS = [
 SLOW_S = 4.0
 
 
-def _server(factory: ServerFactory, data: Path, prefix: str) -> ServerProcess:
+def _server(factory: ServerFactory, data: Path, prefix: str, **env: str) -> ServerProcess:
     return factory(
         data_dir=data,
         stub_delay_s=STUB_DELAY_S,
@@ -46,6 +46,7 @@ def _server(factory: ServerFactory, data: Path, prefix: str) -> ServerProcess:
         # streams of these two servers only: no other test's sweeper takes this one over
         RAG_STREAM_STREAMING__KEY_PREFIX=prefix,
         STUB_SLOW_QUERY_S=str(SLOW_S),
+        **env,
     )
 
 
@@ -89,6 +90,51 @@ def test_an_answer_killed_while_searching_is_searched_again_and_finished(
         conversation = killed[0].data["conversation_id"]
         stored = httpx.get(f"{again.url}/v1/conversations/{conversation}", timeout=30).json()
         assert [m["content"] for m in stored["messages"]] == [QUESTION, text_of(reference)]
+    finally:
+        again.stop()
+
+
+def test_streams_killed_while_they_wait_for_a_generation_slot_are_taken_over(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    """A stream queued for a slot had no plan saved until its turn came: killed then, it ended
+    with `start_interrupted` (the chaos campaign at scale, with many streams queued). The plan
+    now goes into the log with the stream itself."""
+    data = tmp_path / "data"
+    prefix = f"rs-test-queued-{uuid.uuid4().hex[:8]}"
+    one_slot = {
+        "RAG_STREAM_LIMITS__MAX_ACTIVE_STREAMS": "1",
+        "RAG_STREAM_LIMITS__MAX_TOKENS": "4000",
+    }
+    first = _server(server_factory, data, prefix, **one_slot)
+    kb = make_kb(first.url, DOCS, prefix="queued")
+    queued = [
+        ("/v1/generate", {"prompt": "Say something about herons.", "max_tokens": 60}),
+        ("/v1/answers", {"kb": kb, "question": "Where is the fair held?", "max_tokens": 60}),
+    ]
+    with httpx.Client(base_url=first.url, timeout=60) as client:
+        references = [read_stream(client, "POST", path, json=body) for path, body in queued]
+        # holds the one slot for 20 s (4,000 tokens at 200 a second)
+        read_stream(client, "POST", "/v1/generate", json={"prompt": "hold", "max_tokens": 4000},
+                    stop_after=2)  # fmt: skip
+        heads = [read_stream(client, "POST", p, json=b, stop_after=1) for p, b in queued]
+        for head in heads:
+            status = client.get(f"/v1/streams/{head[0].data['stream_id']}").json()
+            assert (status["status"], status["last_event_id"]) == ("running", 0), status
+    first.kill()  # kill -9 while both wait for the slot
+    again = _server(server_factory, data, prefix, **one_slot)
+    try:
+        with httpx.Client(base_url=again.url, timeout=120) as client:
+            for head, reference in zip(heads, references, strict=True):
+                sid = head[0].data["stream_id"]
+                rest = read_stream(
+                    client, "GET", f"/v1/streams/{sid}/events", headers={"Last-Event-ID": "0"}
+                )
+                frames = head + rest
+                assert [f.id for f in frames] == list(range(len(frames)))
+                assert frames[-1].event == "done", frames[-1]
+                assert _cited(frames) == _cited(reference)
+                assert text_of(frames) == text_of(reference)
     finally:
         again.stop()
 

@@ -67,7 +67,15 @@ class AnswerRun:
     accepted_at: float = field(default_factory=time.monotonic)
     priority: PriorityClass = "interactive"  # for the admission ticket (a continuation has none)
     queue_ms: float | None = None  # the first run's, when a continuation searches again
-    initial_plan: None = None  # the first run saves its plans as it goes
+
+    @property
+    def initial_plan(self) -> QuestionPlan | None:
+        """The question, before the slot (queue_ms 0): a takeover while the stream still waits
+        for it searches and answers from the start; the first run saves it again with its queue
+        time, then the answer's plan once it has searched."""
+        if self.job is None or self.plan is not None or self.queue_ms is not None:
+            return None
+        return QuestionPlan.of_job(self.job, self.conversation_id, 0.0)
 
     async def run(self, ctx: StreamContext) -> FinishReason:
         engine = await self.kind.engines.wait()

@@ -40,7 +40,12 @@ class GenerateRun:
     first: bool = True
     accepted_at: float = field(default_factory=time.monotonic)
     priority: PriorityClass = "interactive"  # for the admission ticket (a continuation has none)
-    initial_plan: None = None  # the first run saves its plan once it knows its queue time
+
+    @property
+    def initial_plan(self) -> GeneratePlan | None:
+        """The plan before the slot (queue_ms 0): a takeover while the stream still waits for
+        it starts the text over; the first run saves it again with its queue time."""
+        return self.plan if self.first else None
 
     async def run(self, ctx: StreamContext) -> FinishReason:
         engine = await self.kind.engines.wait()
