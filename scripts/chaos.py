@@ -58,6 +58,7 @@ from scripts.chaos_streams import (  # noqa: E402
     follow_in_thread,
     reference,
     start_and_follow,
+    start_verdict,
     verdict,
 )
 from tests.support.own_pg import OwnPostgres  # noqa: E402
@@ -346,6 +347,20 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def rejudge(path: Path) -> None:
+    """Reports written before start_verdict called every start that named no stream
+    ``wrong``; the rows keep what the client saw (its start's error), so they are judged again
+    here without running anything."""
+    report = json.loads(path.read_text())
+    for section in report["results"].values():
+        for row in section["streams"]:
+            if not row["stream_id"] and not row["job_id"]:
+                row["verdict"], row["why"] = start_verdict(row["reader_errors"])
+    report["summary"] = summarise(report["results"])
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    print(json.dumps(report["summary"], indent=2, ensure_ascii=False))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -356,7 +371,16 @@ def main() -> None:
     )
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--rejudge",
+        type=Path,
+        help="no campaign: judge the starts that named no stream of this report again "
+        "(start_verdict), and rewrite its summary",
+    )
     args = parser.parse_args()
+    if args.rejudge:
+        rejudge(args.rejudge)
+        return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop what it started (finally)
     began = time.monotonic()
 

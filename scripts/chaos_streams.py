@@ -12,6 +12,7 @@ A verdict is one of:
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -240,9 +241,23 @@ def _error_code(out: Followed) -> str | None:
     return str(json.loads(last.data).get("code", "?"))
 
 
+def start_verdict(reader_errors: list[str]) -> tuple[str, str]:
+    """For a start that named no stream: answered with an error status, a clear ``error`` (the
+    client was told); cut before any answer, ``start_lost``: the client saw its connection fail
+    and holds nothing wrong, but has no stream id to resume and cannot tell whether the stream
+    began (only a key of its own, sent with the start, would let it ask)."""
+    first = reader_errors[0] if reader_errors else ""
+    if first.startswith("start: HTTPStatusError"):
+        status = re.search(r"'(\d{3}) ", first)
+        return "error", f"the start was answered {status.group(1) if status else '?'}"
+    return "start_lost", first[:200] or "the start named no stream"
+
+
 def verdict(out: Followed, expected: str, url: str) -> tuple[str, str]:
-    """(``identical`` | ``error`` | ``wrong``, the reason)."""
+    """(``identical`` | ``error`` | ``start_lost`` | ``wrong``, the reason)."""
     if not out.ended:
+        if not out.stream_id and not out.job_id:
+            return start_verdict(out.reader_errors)
         return "wrong", out.failure or "no terminal event"
     ids = [f.id for f in out.frames if f.id is not None]
     # chat frames of one event share its id (only the last carries it, see above)

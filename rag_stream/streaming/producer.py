@@ -50,6 +50,9 @@ class Producers:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._writers: dict[str, StreamWriter] = {}
         self._flusher = Flusher(event_log, cfg)
+        # streams this process stopped because Redis was unreachable, to be settled once it is
+        # back: by their log if it kept them, else marked lost (``settle_unreachable``)
+        self._unreachable: dict[str, tuple[NewStream, int, Producer | None]] = {}
 
     @property
     def active(self) -> int:
@@ -235,8 +238,23 @@ class Producers:
     ) -> None:
         if writer.stop_reason == "log_lost":
             await self._mark_lost(sid, new, writer.next_id, producer)
-        else:  # another process owns the stream now, or Redis is gone: readers look there
-            self.feeds.stop_producing(sid)
+            return
+        if writer.stop_reason == "log_unavailable":
+            self._unreachable[sid] = (new, writer.next_id, producer)
+        # another process owns the stream now, or Redis is gone: readers look there
+        self.feeds.stop_producing(sid)
+
+    async def settle_unreachable(self) -> None:
+        """For each stream this process gave up while Redis was unreachable, once Redis
+        answers again: a log that survived (Redis restarted from its files) is continued by
+        a takeover like any stream without a producer; one that did not (restarted empty) is
+        marked lost here, as the streams still writing at the restart mark theirs, so that
+        its readers read ``log_lost`` rather than find no stream at all. Called by the
+        sweeper; a Redis still away leaves them for the next sweep."""
+        for sid, (new, event_id, producer) in list(self._unreachable.items()):
+            if await self.event_log.meta(sid) is None:
+                await self._mark_lost(sid, new, event_id, producer)
+            del self._unreachable[sid]
 
     async def _mark_lost(
         self, sid: str, new: NewStream, event_id: int, producer: Producer | None

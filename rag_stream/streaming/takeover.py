@@ -108,6 +108,7 @@ class Takeover:
         while not self._closing:
             try:
                 await self._producers.announce()  # (re)publish this process's presence
+                await self._producers.settle_unreachable()
                 for sid in await self._log.running():
                     if not self._producers.owns(sid):
                         await self.take_over(sid)

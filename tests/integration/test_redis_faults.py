@@ -25,6 +25,7 @@ from tests.support.inprocess import InProcessFactory
 from tests.support.redis_server import RedisServer
 from tests.support.server import ServerProcess
 from tests.support.sse import Frame, read_stream
+from tests.support.waiting import eventually
 from tests.unit.test_streams import check_one_stream
 
 
@@ -80,6 +81,44 @@ async def test_a_log_lost_by_a_redis_restart_is_never_extended(
             "/v1/generate", json={"prompt": "x", "max_tokens": 3, "stream": False}
         )
         assert r.status_code == 200, r.text
+
+
+async def test_a_stream_given_up_while_redis_was_away_reads_lost_once_it_is_back_empty(
+    in_process_factory: InProcessFactory, private_redis: RedisServer
+) -> None:
+    """Redis away for longer than the producer's retries: it gives the stream up, to be
+    continued from its log. Back empty, there is no log: the stream was nowhere (404 for good,
+    "stream expired" to its readers; 12 streams of the chaos campaign at scale), and is now
+    marked lost, as the streams still writing when Redis came back are."""
+
+    async def kill_redis_at_the_fifth_frame(frame: Frame) -> None:
+        if frame.id == 4 and frame.event == "token":
+            await asyncio.to_thread(private_redis.kill)
+
+    async with in_process_factory(
+        delay_s=STUB_DELAY_S, redis_url=private_redis.url, limits__max_tokens=4000
+    ) as service:
+        frames = await inprocess.read_stream(
+            service.live,
+            "POST",
+            "/v1/generate",
+            json={"prompt": "lose my head", "max_tokens": 2000},  # 10 s of tokens
+            on_frame=kill_redis_at_the_fifth_frame,
+        )
+        sid = frames[0].data["stream_id"]
+        # the reader's own error, once the producer gave the stream up (nothing else wakes it)
+        assert frames[-1].event == "error" and frames[-1].data["code"] == "event_log_unavailable"
+        await asyncio.to_thread(private_redis.start)  # empty: nothing of the stream
+
+        async def marked_lost() -> bool:
+            r = await service.client.get(f"/v1/streams/{sid}")
+            return r.status_code == 200 and r.json()["finish_reason"] == "log_lost"
+
+        await eventually(marked_lost, "the stream marked lost", timeout_s=30)
+        status = (await service.client.get(f"/v1/streams/{sid}")).json()
+        assert status["status"] == "error" and status["model"] == "stub"
+        replay = await inprocess.read_stream(service.client, "GET", f"/v1/streams/{sid}/events")
+        assert [(f.event, f.data["code"]) for f in replay] == [("error", "log_lost")]
 
 
 async def test_a_chat_stream_whose_log_is_lost_still_resumes_in_the_chat_format(
