@@ -1,4 +1,4 @@
-.PHONY: install run test test-lanes test-all test-fast check lint format bench clean images
+.PHONY: install run test test-serial test-all test-fast check lint format bench clean images
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,14 +13,14 @@ $(VENV)/.installed: pyproject.toml scripts/install.sh
 run: $(VENV)/.installed
 	$(BIN)/rag-stream serve
 
-# CI's suite: everything but the tests marked `extended` (docs/testing.md lists them)
+# CI's suite: everything but the tests marked `extended` (docs/testing.md lists them),
+# in two lanes side by side (tests/support/lanes.py)
 test:
-	$(BIN)/pytest -q -m "not extended" --durations=40
-
-# the same in two lanes side by side (tests/support/lanes.py); on some machines of this kind
-# no faster (docs/testing.md)
-test-lanes:
 	$(BIN)/pytest -q -m "not extended" -n 2 --durations=40
+
+# the same, one lane after the other
+test-serial:
+	$(BIN)/pytest -q -m "not extended" --durations=40
 
 # the whole suite, extended tests included (about 5 minutes more)
 test-all:
