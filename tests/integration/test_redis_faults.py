@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -21,7 +21,7 @@ from rag_stream.streaming.redis_log import RedisEventLog
 from tests.conftest import REDIS_URL, STUB_DELAY_S, ServerFactory
 from tests.support import inprocess
 from tests.support.fakes import start_toy, stub_engine, toy_streams
-from tests.support.inprocess import InProcessFactory
+from tests.support.inprocess import InProcess, InProcessFactory
 from tests.support.redis_server import RedisServer
 from tests.support.server import ServerProcess
 from tests.support.sse import Frame, read_stream
@@ -48,6 +48,20 @@ async def _restart(redis_server: RedisServer) -> None:
     await asyncio.to_thread(redis_server.start)
 
 
+async def _long_generate(
+    service: InProcess, on_frame: Callable[[Frame], Awaitable[None]]
+) -> list[Frame]:
+    """A generate stream of 10 s of tokens, read to its end; ``on_frame`` sees each frame
+    (and breaks Redis under it)."""
+    return await inprocess.read_stream(
+        service.live,
+        "POST",
+        "/v1/generate",
+        json={"prompt": "lose my head", "max_tokens": 2000},
+        on_frame=on_frame,
+    )
+
+
 async def test_a_log_lost_by_a_redis_restart_is_never_extended(
     in_process_factory: InProcessFactory, private_redis: RedisServer
 ) -> None:
@@ -58,13 +72,7 @@ async def test_a_log_lost_by_a_redis_restart_is_never_extended(
     async with in_process_factory(
         delay_s=STUB_DELAY_S, redis_url=private_redis.url, limits__max_tokens=4000
     ) as service:
-        frames = await inprocess.read_stream(
-            service.live,
-            "POST",
-            "/v1/generate",
-            json={"prompt": "lose my head", "max_tokens": 2000},  # 10 s of tokens
-            on_frame=restart_redis_at_the_fifth_frame,
-        )
+        frames = await _long_generate(service, restart_redis_at_the_fifth_frame)
         sid = frames[0].data["stream_id"]
         assert frames[-1].event == "error", frames[-1]
         assert frames[-1].data["code"] == "log_lost"
@@ -98,13 +106,7 @@ async def test_a_stream_given_up_while_redis_was_away_reads_lost_once_it_is_back
     async with in_process_factory(
         delay_s=STUB_DELAY_S, redis_url=private_redis.url, limits__max_tokens=4000
     ) as service:
-        frames = await inprocess.read_stream(
-            service.live,
-            "POST",
-            "/v1/generate",
-            json={"prompt": "lose my head", "max_tokens": 2000},  # 10 s of tokens
-            on_frame=kill_redis_at_the_fifth_frame,
-        )
+        frames = await _long_generate(service, kill_redis_at_the_fifth_frame)
         sid = frames[0].data["stream_id"]
         # the reader's own error, once the producer gave the stream up (nothing else wakes it)
         assert frames[-1].event == "error" and frames[-1].data["code"] == "event_log_unavailable"

@@ -56,6 +56,23 @@ def _answer(server: ServerProcess, kb: str, stop_after: int | None = None) -> li
         return read_stream(client, "POST", "/v1/answers", json=body, stop_after=stop_after)
 
 
+def _finished_on(server: ServerProcess, head: list[Frame]) -> list[Frame]:
+    """The stream whose first events a killed server sent (``head``), read on from there on
+    ``server`` to its end: every event once, in order, ending ``done``."""
+    sid = head[0].data["stream_id"]
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        rest = read_stream(
+            client,
+            "GET",
+            f"/v1/streams/{sid}/events",
+            headers={"Last-Event-ID": str(head[-1].id)},
+        )
+    frames = head + rest
+    assert [f.id for f in frames] == list(range(len(frames)))
+    assert frames[-1].event == "done", frames[-1]
+    return frames
+
+
 def _cited(frames: list[Frame]) -> list[tuple[int, str]]:
     return [(f.data["n"], f.data["chunk_id"]) for f in frames if f.event == "citation"]
 
@@ -77,13 +94,7 @@ def test_an_answer_killed_while_searching_is_searched_again_and_finished(
     first.kill()  # kill -9, before a citation or the answer's plan
     again = _server(server_factory, data, prefix)
     try:
-        with httpx.Client(base_url=again.url, timeout=120) as client:
-            rest = read_stream(
-                client, "GET", f"/v1/streams/{sid}/events", headers={"Last-Event-ID": "0"}
-            )
-        frames = killed + rest
-        assert [f.id for f in frames] == list(range(len(frames)))
-        assert frames[-1].event == "done", frames[-1]
+        frames = _finished_on(again, killed)
         # searched again: the same sources and, the prompt being the same, the same answer
         assert _cited(frames) == _cited(reference)
         assert text_of(frames) == text_of(reference)
@@ -124,17 +135,10 @@ def test_streams_killed_while_they_wait_for_a_generation_slot_are_taken_over(
     first.kill()  # kill -9 while both wait for the slot
     again = _server(server_factory, data, prefix, **one_slot)
     try:
-        with httpx.Client(base_url=again.url, timeout=120) as client:
-            for head, reference in zip(heads, references, strict=True):
-                sid = head[0].data["stream_id"]
-                rest = read_stream(
-                    client, "GET", f"/v1/streams/{sid}/events", headers={"Last-Event-ID": "0"}
-                )
-                frames = head + rest
-                assert [f.id for f in frames] == list(range(len(frames)))
-                assert frames[-1].event == "done", frames[-1]
-                assert _cited(frames) == _cited(reference)
-                assert text_of(frames) == text_of(reference)
+        for head, reference in zip(heads, references, strict=True):
+            frames = _finished_on(again, head)
+            assert _cited(frames) == _cited(reference)
+            assert text_of(frames) == text_of(reference)
     finally:
         again.stop()
 
