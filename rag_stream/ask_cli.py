@@ -67,8 +67,12 @@ def figures_line(done: Done) -> str:
     cited = ", ".join(f"[{n}]" for n in done.cited) or "none"
     return (
         f"TTFT {t.ttft_ms:.0f} ms · {rate} · {done.usage.completion_tokens} tokens "
-        f"({done.usage.cached_tokens} prompt tokens cached) · {done.finish_reason} · cited {cited}"
+        f"({done.usage.cached_tokens} prompt tokens cached) · {_ending(done)} · cited {cited}"
     )
+
+
+def _ending(done: Done) -> str:
+    return "abandoned (no reader)" if done.abandoned else done.finish_reason
 
 
 class _Printer:

@@ -14,7 +14,8 @@ One event becomes one or more frames; only the last frame of an event carries th
   cites, in ``n`` order, at its first marker's offsets; none in Open WebUI's shape), the chunk
   with ``finish_reason``, the usage chunk if the request asked for it, then ``data: [DONE]``.
 - ``error``: ``data: {"error": {...}}`` (what the ``openai`` SDK raises as an APIError), then
-  ``[DONE]``.
+  ``[DONE]``. So is a ``done`` of a stream stopped as abandoned (code ``stream_abandoned``): a
+  client that comes back to it must not take the shortened text for a whole answer.
 
 The renderer shows only the events after the client's cursor, and must know some from before it:
 the stream event (it names the completion) and the citations. A resume gives it those and the
@@ -132,8 +133,22 @@ def finish_reason(done: Done) -> tuple[str, str | None]:
     if done.finish_reason == "length":
         return "length", None
     if done.finish_reason == "cancelled":
-        return "stop", "cancelled"
+        return "stop", "abandoned" if done.abandoned else "cancelled"
     return "stop", None
+
+
+def abandoned_error() -> dict[str, object]:
+    """What a client that comes back to a stream stopped for want of readers reads instead of
+    a finish: the text it has is cut short, and no one asked for that."""
+    return {
+        "error": {
+            "message": "the stream was stopped because no client read it for its abandonment "
+            "window (streaming.chat_abandon_after_s): the text above is incomplete",
+            "type": error_type(409),
+            "param": None,
+            "code": "stream_abandoned",
+        }
+    }
 
 
 def error_object(event: ErrorEvent) -> dict[str, object]:
@@ -217,6 +232,10 @@ class ChatChunks:
             out.append(f"id: {event.id}\n".encode() + DONE_FRAME)
 
     def _done(self, done: Done, out: list[bytes]) -> None:
+        if done.abandoned:
+            out.append(f"data: {_dumps(abandoned_error())}\n\n".encode())
+            out.append(f"id: {done.id}\n".encode() + DONE_FRAME)
+            return
         text = "".join(piece for _, piece in sorted(self._pieces))
         found = url_citations(self._wire, text, self._citations)
         if found and self._wire.sources != "open-webui":  # its chips came first

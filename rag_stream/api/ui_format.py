@@ -132,7 +132,8 @@ class UIParts:
                 if self._text_started:
                     out.append(_frame(f'{{"type":"text-end","id":"{TEXT_ID}"}}'))
                 if event.finish_reason == "cancelled":
-                    out.append(_frame(UIAbort(reason="cancelled")))
+                    reason = "abandoned" if event.abandoned else "cancelled"
+                    out.append(_frame(UIAbort(reason=reason)))
                 out.append(_frame(finish_part(event, self._stream_id)))
                 out.append(f"id: {event.id}\n".encode() + DONE_FRAME)
         elif isinstance(event, ErrorEvent) and show:

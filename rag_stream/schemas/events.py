@@ -117,6 +117,9 @@ class Done(_Event):
     timings: Timings = Timings()
     cited: list[int] = []
     dropped_sources: int = 0
+    # ended ``cancelled`` because no reader followed it for its abandonment window, rather
+    # than by a cancel: the text is cut short and nobody asked for that
+    abandoned: bool = False
 
 
 class ErrorEvent(_Event):

@@ -125,12 +125,14 @@ class Producers:
         *,
         cancelled: bool = False,
         ticket: Ticket | None = None,
+        taken_over: bool = False,
     ) -> None:
         """Run the producer ``make()`` for a stream this process holds the lease of, after the
-        events ``logged`` (all of them: this process's readers are served from memory now)."""
+        events ``logged`` (all of them: this process's readers are served from memory now);
+        ``taken_over``: its producer died elsewhere (StreamWriter's abandonment window)."""
         self.feeds.produce(sid, logged)
         task = asyncio.create_task(
-            self._produce(sid, new, logged[-1].id + 1, make, cancelled, ticket),
+            self._produce(sid, new, logged[-1].id + 1, make, cancelled, ticket, taken_over),
             name=f"stream-{sid[:8]}",
         )
         self._tasks[sid] = task
@@ -144,6 +146,7 @@ class Producers:
         make: Callable[[], Producer],
         cancelled: bool,
         ticket: Ticket | None,
+        taken_over: bool,
     ) -> None:
         feeds = self.feeds
         writer = StreamWriter(
@@ -156,6 +159,7 @@ class Producers:
             local_seen_ms=lambda: feeds.local_seen_ms(sid),
             abandonable=not new.detached,
             abandon_after_s=new.abandon_after_s,
+            taken_over=taken_over,
         )
         self._writers[sid] = writer
         try:
@@ -203,6 +207,8 @@ class Producers:
             if writer.stop_reason is not None:
                 reason = "cancelled"
             terminal: Event = await producer.finish(ctx, reason, writer.next_id)
+            if writer.stop_reason == "abandoned" and isinstance(terminal, Done):
+                terminal = terminal.model_copy(update={"abandoned": True})
         except asyncio.CancelledError:
             # this process is shutting down: leave the stream to be taken over elsewhere
             await self._leave(sid, writer)

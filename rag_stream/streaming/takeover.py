@@ -80,6 +80,7 @@ class Takeover:
             events,
             lambda: _continuation(kind, meta, events),
             cancelled=meta.cancel,
+            taken_over=True,
         )
         return True
 

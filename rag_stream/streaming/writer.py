@@ -42,11 +42,18 @@ class StreamWriter:
         local_seen_ms: Callable[[], int],
         abandonable: bool = True,
         abandon_after_s: float | None = None,
+        taken_over: bool = False,
     ) -> None:
         self._flusher = flusher
         self._abandonable = abandonable  # False: a detached stream (NewStream.detached)
         # this stream's own window (NewStream.abandon_after_s), else the service's
         self._abandon_after_s = cfg.abandon_after_s if abandon_after_s is None else abandon_after_s
+        # After a takeover every reader lost its connection at the same moment, and finds this
+        # process through its retries (and a load balancer's): until one is back, a short
+        # window of the stream's own (a chat stream's 3 s) gives way to the service's.
+        self._first_window_s = self._abandon_after_s
+        if taken_over:
+            self._first_window_s = max(self._abandon_after_s, cfg.abandon_after_s)
         # readers get the whole window from this run's start: after a takeover, those of the
         # dead process could not have come back before it
         self._since_ms = now_ms()
@@ -112,11 +119,11 @@ class StreamWriter:
 
     def _abandoned(self, seen_ms: int) -> bool:
         """No reader anywhere (this process's, or another's heartbeat in the log) for a while."""
-        limit = self._abandon_after_s
+        seen = max(seen_ms, self._local_seen_ms())
+        limit = self._abandon_after_s if seen > self._since_ms else self._first_window_s
         if not self._abandonable or limit <= 0:
             return False
-        seen = max(seen_ms, self._local_seen_ms(), self._since_ms)
-        return now_ms() - seen > limit * 1000
+        return now_ms() - max(seen, self._since_ms) > limit * 1000
 
     def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Run ``callback`` when the stream must stop (cancel, abandon, lost lease or log)."""

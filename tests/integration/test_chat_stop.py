@@ -7,6 +7,7 @@ on the paced stub engine (tests/support/inprocess.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -75,6 +76,26 @@ async def test_closing_a_chat_stream_cancels_it_soon(in_process: InProcess) -> N
     status = await _ended(in_process.client, sid)
     assert status["finish_reason"] == "cancelled"
     assert status["last_event_id"] < MAX_TOKENS // 2  # the engine stopped long before the end
+
+
+async def test_a_chat_client_back_after_the_grace_reads_an_error_not_a_finish(
+    in_process: InProcess,
+) -> None:
+    model = (await in_process.client.get("/v1/models")).json()["data"][0]["id"]
+    sid = await _read_then_leave(in_process, "/v1/chat/completions", _chat(model))
+    assert (await _ended(in_process.client, sid))["finish_reason"] == "cancelled"
+    r = await in_process.client.get(f"/v1/streams/{sid}/events")  # back, too late
+    assert r.status_code == 200
+    data = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    # the shortened text is not presented as a whole answer: no finish_reason, an error
+    error = json.loads(data[-2])["error"]
+    assert error["code"] == "stream_abandoned" and "incomplete" in error["message"]
+    assert all('"finish_reason":"stop"' not in d for d in data), data[-3:]
+    text = "".join(
+        c["delta"].get("content", "") for d in data[:-2] for c in json.loads(d)["choices"]
+    )
+    assert "Herons nest in the reeds." in text  # what it had generated is there
 
 
 async def test_a_chat_client_back_within_the_grace_reads_to_the_end(

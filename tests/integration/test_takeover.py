@@ -177,8 +177,8 @@ def test_kill_9_mid_stream_then_resume_gives_the_uninterrupted_text(
         _assert_interrupted(survivor, first)
         _assert_interrupted(survivor, coalesced)
         _assert_chat_interrupted(survivor, chat)
-        # the chat client first: a chat stream with no reader ends after a short grace
-        # (streaming.chat_abandon_after_s, from the takeover on), the others after 30 s
+        # the chat client first: once back, a chat stream's short grace counts again
+        # (streaming.chat_abandon_after_s; until then it waits abandon_after_s, 30 s)
         _check_chat_takeover(survivor, chat, expected_chat)
         _check_takeover(_resume(survivor, first), expected, survivor, tokenizer)
         _check_coalesced_takeover(_resume(survivor, coalesced), expected_coalesced)

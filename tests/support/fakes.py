@@ -210,8 +210,11 @@ async def start_toy(
     coalesce: Coalesce | None = None,
     *,
     tenant: str = LOCAL_TENANT,
+    abandon_after_s: float | None = None,
 ) -> str:
     """A toy stream started through the front door, as a route starts one; its id."""
     intent = ToyIntent(prompt_ids, max_tokens, coalesce)
-    launched = await streams.launch(kind, intent, tenant=tenant, priority="interactive")
+    launched = await streams.launch(
+        kind, intent, tenant=tenant, priority="interactive", abandon_after_s=abandon_after_s
+    )
     return launched.stream_id

@@ -36,8 +36,10 @@ async def _left_alone(detached: bool) -> Done:
 async def test_a_detached_stream_runs_to_its_end_with_no_reader() -> None:
     done = await _left_alone(detached=True)
     assert done.finish_reason == "length" and done.usage.completion_tokens == 400
+    assert not done.abandoned
 
 
 async def test_an_ordinary_stream_left_alone_is_still_ended_as_abandoned() -> None:
     done = await _left_alone(detached=False)
     assert done.finish_reason == "cancelled" and done.usage.completion_tokens < 400
+    assert done.abandoned  # told apart from a cancel: nobody asked for the shortened text

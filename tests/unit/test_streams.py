@@ -57,6 +57,7 @@ async def test_cancel_stops_a_running_stream() -> None:
     check_one_stream(seen)
     done = seen[-1]
     assert isinstance(done, Done) and done.finish_reason == "cancelled"
+    assert not done.abandoned
     assert done.usage.completion_tokens < 100_000
     again = await streams.cancel(sid, tenant=LOCAL_TENANT)
     assert not again.cancelled and "already finished" in again.message
