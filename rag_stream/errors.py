@@ -4,7 +4,8 @@ RagStreamError                      500 internal_error
 ├── ConfigError                     (start-up only; printed as one line, never served)
 ├── IncompatiblePlan                500 incompatible_plan (a stream saved by another version)
 ├── InvalidRequest                  422 invalid_request
-│   └── BadRequest                  400 invalid_request (OpenAI's routes: its status for it)
+│   ├── BadRequest                  400 invalid_request (OpenAI's routes: its status for it)
+│   └── StartKeyReused              422 idempotency_key_reused (one key, another request)
 ├── Unauthorized                    401 invalid_api_key (with WWW-Authenticate: Bearer)
 ├── NotFound                        404 not_found
 │   └── ModelNotFound               404 model_not_found
@@ -53,6 +54,10 @@ class InvalidRequest(RagStreamError):
 
 class BadRequest(InvalidRequest):
     status_code = 400
+
+
+class StartKeyReused(InvalidRequest):
+    code = "idempotency_key_reused"
 
 
 class Unauthorized(RagStreamError):

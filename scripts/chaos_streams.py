@@ -15,6 +15,7 @@ import json
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ import httpx
 from httpx_sse import connect_sse
 
 Servers = Callable[[], list[str]]  # base URLs of the servers alive right now
+START_ATTEMPTS = 5  # a start whose answer was lost goes again (its key finds what it began)
 
 
 @dataclass
@@ -53,6 +55,9 @@ class Followed:
     ended_at: float = 0.0
     failure: str = ""  # why following gave up (no server answered, a 4xx...)
     pause_s: float = 0.0  # a slow reader's pause after each event
+    # sent with every attempt of the start: one whose answer was lost finds its stream
+    start_key: str = field(default_factory=lambda: uuid.uuid4().hex)
+    start_attempts: int = 0
 
     @property
     def last_id(self) -> int | None:
@@ -67,11 +72,19 @@ def start_and_follow(
     reconnecting elsewhere on a drop."""
     out = out or Followed(spec, url)
     deadline = time.monotonic() + deadline_s
-    if not out.stream_id:
+    target = url
+    while not out.stream_id and not out.job_id and out.start_attempts < START_ATTEMPTS:
+        out.start_attempts += 1
         try:
-            _start(out, url)
-        except httpx.HTTPError as exc:
+            _start(out, target)
+        except httpx.TransportError as exc:  # the answer was lost: again, with the same key
             out.reader_errors.append(f"start: {exc!r}")
+            time.sleep(0.5)
+            live = servers()
+            target = live[out.start_attempts % len(live)] if live else url
+        except httpx.HTTPError as exc:  # answered with an error status: not started
+            out.reader_errors.append(f"start: {exc!r}")
+            break
     while not out.ended and time.monotonic() < deadline:
         if not out.stream_id and not out.job_id:
             out.failure = "the start request failed before naming its stream"
@@ -106,9 +119,10 @@ def follow_in_thread(
 
 def _start(out: Followed, url: str) -> None:
     kind, body = out.spec.kind, out.spec.body
+    key = {"Idempotency-Key": out.start_key}
     with httpx.Client(base_url=url, timeout=httpx.Timeout(60, read=120)) as client:
         if kind == "job":
-            r = client.post("/v1/jobs", json=body)
+            r = client.post("/v1/jobs", json=body, headers=key)
             r.raise_for_status()
             out.job_id = r.json()["id"]
             _read(out, client, "GET", f"/v1/jobs/{out.job_id}/events")
@@ -116,7 +130,7 @@ def _start(out: Followed, url: str) -> None:
         path = {"generate": "/v1/generate", "answers": "/v1/answers"}.get(
             kind, "/v1/chat/completions"
         )
-        _read(out, client, "POST", path, json=body)
+        _read(out, client, "POST", path, json=body, headers=key)
 
 
 def _resume(out: Followed, url: str) -> None:
@@ -242,15 +256,16 @@ def _error_code(out: Followed) -> str | None:
 
 
 def start_verdict(reader_errors: list[str]) -> tuple[str, str]:
-    """For a start that named no stream: answered with an error status, a clear ``error`` (the
-    client was told); cut before any answer, ``start_lost``: the client saw its connection fail
-    and holds nothing wrong, but has no stream id to resume and cannot tell whether the stream
-    began (only a key of its own, sent with the start, would let it ask)."""
-    first = reader_errors[0] if reader_errors else ""
-    if first.startswith("start: HTTPStatusError"):
-        status = re.search(r"'(\d{3}) ", first)
+    """For a start that named no stream: answered with an error status at last, a clear
+    ``error`` (the client was told); cut before any answer every time it was sent (with its
+    Idempotency-Key, ``START_ATTEMPTS`` times), ``start_lost``: the client saw its connection
+    fail and holds nothing wrong, but has no stream id to resume."""
+    starts = [e for e in reader_errors if e.startswith("start: ")]
+    last = starts[-1] if starts else ""
+    if last.startswith("start: HTTPStatusError"):
+        status = re.search(r"'(\d{3}) ", last)
         return "error", f"the start was answered {status.group(1) if status else '?'}"
-    return "start_lost", first[:200] or "the start named no stream"
+    return "start_lost", last[:200] or "the start named no stream"
 
 
 def verdict(out: Followed, expected: str, url: str) -> tuple[str, str]:

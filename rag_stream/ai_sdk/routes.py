@@ -19,7 +19,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 
-from rag_stream.api.deps import ResourcesDep, TenantDep
+from rag_stream.api.deps import ResourcesDep, StartKeyDep, TenantDep
 from rag_stream.api.openapi import errors
 from rag_stream.api.streams import stream_wire
 from rag_stream.api.ui_format import ui_frames
@@ -39,7 +39,11 @@ router = APIRouter(tags=["ai-sdk"])
     responses={**sse_responses(UI), **errors(404, 413)},
 )
 async def ui_chat(
-    body: UIChatRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
+    body: UIChatRequest,
+    request: Request,
+    resources: ResourcesDep,
+    tenant: TenantDep,
+    start_key: StartKeyDep,
 ) -> Response:
     kb = kb_of(body.model, resources)
     asked = sampling_for(
@@ -59,6 +63,7 @@ async def ui_chat(
         priority=body.priority,
         wire=wire.model_dump_json(),
         alias=body.id,
+        start_key=start_key,
     )
     return _parts(resources, wire, stream_id)
 

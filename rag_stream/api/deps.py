@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -16,6 +16,7 @@ from rag_stream.settings import Settings
 from rag_stream.store.db import unavailable
 from rag_stream.store.keys import KeyOwner
 from rag_stream.streaming.service import Streams
+from rag_stream.streaming.start_keys import HEADER, MAX_CHARS, StartKey
 
 
 def get_resources(request: Request) -> Resources:
@@ -90,3 +91,24 @@ SessionDep = Annotated[AsyncSession, Depends(get_session)]
 CallerDep = Annotated[KeyOwner, Depends(get_caller)]
 # The tenant every id a route reads or writes must belong to (another tenant's: 404).
 TenantDep = Annotated[str, Depends(get_tenant)]
+
+
+async def get_start_key(
+    request: Request,
+    key: Annotated[
+        str | None,
+        Header(
+            alias=HEADER,
+            pattern=rf"^[\x21-\x7e]{{1,{MAX_CHARS}}}$",
+            description="Sent again with the same request after a start whose answer never "
+            "came, it reads the stream that start began instead of starting another "
+            f"(the tenant's, while the stream is kept); 1 to {MAX_CHARS} visible ASCII "
+            "characters, e.g. a UUID",
+        ),
+    ] = None,
+) -> StartKey | None:
+    """The start's key, with a digest of the request it came with (start_keys.py)."""
+    return None if key is None else StartKey.of(key, request.url.path, await request.body())
+
+
+StartKeyDep = Annotated[StartKey | None, Depends(get_start_key)]

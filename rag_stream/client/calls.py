@@ -11,6 +11,7 @@ does not have, which is sent as given rather than dropped.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -76,10 +77,12 @@ class Call(Generic[T]):
 
 @dataclass(frozen=True)
 class StreamStart:
-    """A request that starts a stream (its response is the stream's events)."""
+    """A request that starts a stream (its response is the stream's events), with the
+    Idempotency-Key that lets it go again after a connection lost before its answer."""
 
     path: str
     body: dict[str, Any]
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def _seg(value: str) -> str:

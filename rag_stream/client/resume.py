@@ -12,8 +12,9 @@ Worth another connection: a transport error (refused, reset, timed out, cut mid-
 that ends before a terminal event, an ``error`` event without an id (a reader's own trouble,
 e.g. its Redis connection, not the stream's end: see docs/protocol.md), and a 5xx answer to a
 resume. Not worth it: any other error answer, which is raised as the server's typed error. A
-request that starts a stream is sent again only when it cannot have reached the server (the
-connection was never made): sending it twice would start two streams.
+request that starts a stream carries an ``Idempotency-Key`` of its own: sent again after a
+connection lost before its answer, it reads the stream the first one began (if it began one)
+from its first event, rather than starting a second (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ from rag_stream.schemas.events import EVENT_ADAPTER, Event, StreamStarted, is_te
 
 logger = logging.getLogger("rag_stream.client")
 
-# Nothing was sent: the request can go again whatever it was.
-_UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+KEY_HEADER = "Idempotency-Key"  # (rag_stream.streaming.start_keys.HEADER)
 
 
 class Interruption(Exception):
@@ -67,7 +67,7 @@ class Resumer:
     def request(self, start: StreamStart | None) -> tuple[str, str, dict[str, Any]]:
         """Method, path and httpx arguments of the next connection."""
         if start is not None:
-            return "POST", start.path, {"json": start.body}
+            return "POST", start.path, {"json": start.body, "headers": {KEY_HEADER: start.key}}
         headers = {"Last-Event-ID": str(self.last_event_id)} if self.last_event_id >= 0 else {}
         if self._events_path is not None:
             return "GET", self._events_path, {"headers": headers}
@@ -128,18 +128,17 @@ class Resumer:
     def failed(self, exc: Exception, starting: bool) -> float:
         """Seconds to wait before the next connection; raises when there is none to make."""
         resumable = self.stream_id is not None or self._events_path is not None
-        if not resumable and not (starting and isinstance(exc, _UNSENT)):
+        if not resumable and not starting:  # (an answer that named no stream)
             raise StreamInterrupted(
-                f"connection lost while starting the stream ({_describe(exc)}); it may have "
-                "started on the server, but its id never arrived"
+                f"connection lost before the stream's id arrived ({_describe(exc)})"
             ) from exc
         self._failures += 1
         where = self.stream_id or "(not started)"
         if self._failures > self._retry.max_retries:
             if self.stream_id is None:
                 raise StreamInterrupted(
-                    f"could not reach the server in {self._retry.max_retries + 1} attempts "
-                    f"({_describe(exc)})"
+                    f"the start had no answer in {self._retry.max_retries + 1} attempts "
+                    f"({_describe(exc)}); it may have started a stream on the server"
                 ) from exc
             raise StreamInterrupted(
                 f"stream {where}: gave up after {self._retry.max_retries} reconnections "

@@ -14,6 +14,7 @@ from rag_stream.resources import Resources
 from rag_stream.schemas.chat import ChatAsk
 from rag_stream.schemas.generate import Coalesce, Priority
 from rag_stream.schemas.openai import KB_MODEL_PREFIX
+from rag_stream.streaming.start_keys import StartKey
 
 
 def kb_of(model: str, resources: Resources) -> str | None:
@@ -42,9 +43,11 @@ async def launch_chat(
     wire: str,
     abandon_after_s: float | None = None,
     alias: str | None = None,
+    start_key: StartKey | None = None,
 ) -> str:
     """Launch the chat's stream on ``model`` (``kb``: ``kb_of(model)``); its id. ``wire`` is the
-    format a resume renders; ``abandon_after_s`` and ``alias`` as in ``Streams.launch``."""
+    format a resume renders; ``abandon_after_s``, ``alias`` and ``start_key`` as in
+    ``Streams.launch``."""
     streams, kinds = resources.streams, resources.kinds
     if kb is None:
         generated = await streams.launch(
@@ -55,6 +58,7 @@ async def launch_chat(
             wire=wire,
             abandon_after_s=abandon_after_s,
             alias=alias,
+            start_key=start_key,
         )
         return generated.stream_id
     try:  # the KB is the only thing a question names that may not exist
@@ -66,6 +70,7 @@ async def launch_chat(
             wire=wire,
             abandon_after_s=abandon_after_s,
             alias=alias,
+            start_key=start_key,
         )
     except NotFound:
         raise ModelNotFound(

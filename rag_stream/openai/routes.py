@@ -18,7 +18,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
 
 from rag_stream.api.chat_format import chat_completion, chat_frames
-from rag_stream.api.deps import ResourcesDep, TenantDep
+from rag_stream.api.deps import ResourcesDep, StartKeyDep, TenantDep
 from rag_stream.api.openapi import errors
 from rag_stream.errors import BadRequest, ModelNotFound
 from rag_stream.generation.sampling import sampling_for
@@ -86,6 +86,7 @@ async def chat_completions(
     request: Request,
     resources: ResourcesDep,
     tenant: TenantDep,
+    start_key: StartKeyDep,
 ) -> Response:
     sources = _source_shape(request.headers.get(SOURCES_HEADER))
     kb = kb_of(body.model, resources)
@@ -114,6 +115,7 @@ async def chat_completions(
         wire=wire.model_dump_json(),
         # a client that closes the connection to stop (its only Stop) stops the engine soon
         abandon_after_s=resources.settings.streaming.chat_abandon_after_s or None,
+        start_key=start_key,
     )
     headers = {"X-Stream-Id": stream_id}
     if body.stream:

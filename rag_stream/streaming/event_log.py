@@ -37,6 +37,10 @@ READ_PAGE = 1000  # the most events one read returns for one stream
 StreamStatus = Literal["running", "done", "error"]
 
 
+# The names a start key is found by are its digest after this (an alias's namespace of its own).
+START_ALIAS = "start:"
+
+
 @dataclass(frozen=True)
 class StreamMeta:
     """What the log knows about a stream besides its events."""
@@ -55,6 +59,8 @@ class StreamMeta:
     last_event_id: int
     detached: bool = False  # see NewStream
     abandon_after_s: float | None = None  # see NewStream
+    start_key: str | None = None  # see NewStream
+    start_fingerprint: str | None = None
 
     @classmethod
     def from_fields(
@@ -81,6 +87,8 @@ class StreamMeta:
             last_event_id=last_event_id,
             detached=fields.get("detached") == "1",
             abandon_after_s=_seconds(fields.get("abandon_after_s")),
+            start_key=fields.get("start_key"),
+            start_fingerprint=fields.get("start_fingerprint"),
         )
 
     @property
@@ -93,6 +101,8 @@ class StreamMeta:
             tenant=self.tenant,
             detached=self.detached,
             abandon_after_s=self.abandon_after_s,
+            start_key=self.start_key,
+            start_fingerprint=self.start_fingerprint,
         )
 
 
@@ -130,6 +140,18 @@ class NewStream:
     abandon_after_s: float | None = None
     # A name its tenant also finds it by (an AI SDK chat's id): the latest stream named so.
     alias: str | None = None
+    # The start's key (a digest of its Idempotency-Key), which also finds it (``START_ALIAS``),
+    # and a digest of the request it started (streaming/start_keys.py)
+    start_key: str | None = None
+    start_fingerprint: str | None = None
+
+    @property
+    def aliases(self) -> list[str]:
+        """Every name its tenant finds it by (``EventLog.named``)."""
+        names = [] if self.alias is None else [self.alias]
+        if self.start_key is not None:
+            names.append(START_ALIAS + self.start_key)
+        return names
 
     def fields(self) -> dict[str, str]:
         fields = {
@@ -144,6 +166,9 @@ class NewStream:
             fields["detached"] = "1"
         if self.abandon_after_s is not None:
             fields["abandon_after_s"] = repr(self.abandon_after_s)
+        if self.start_key is not None and self.start_fingerprint is not None:
+            fields["start_key"] = self.start_key
+            fields["start_fingerprint"] = self.start_fingerprint
         return fields
 
 

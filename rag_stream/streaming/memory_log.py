@@ -70,8 +70,8 @@ class MemoryEventLog:
         stream.owner, stream.lease_until = owner, time.monotonic() + lease_ms / 1000
         stream.add([first])
         self._streams[stream_id] = stream
-        if new.alias is not None:
-            self._aliases[new.tenant, new.alias] = stream_id
+        for alias in new.aliases:
+            self._aliases[new.tenant, alias] = stream_id
         self._notify()
 
     async def named(self, tenant: str, alias: str) -> str | None:

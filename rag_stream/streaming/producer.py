@@ -32,6 +32,7 @@ from rag_stream.streaming.feeds import Feeds
 from rag_stream.streaming.flusher import Flusher
 from rag_stream.streaming.kinds import Producer, StreamKind
 from rag_stream.streaming.redis_conn import retry_redis
+from rag_stream.streaming.start_keys import StartKey
 from rag_stream.streaming.writer import GONE, StreamWriter
 
 logger = logging.getLogger(__name__)
@@ -81,11 +82,13 @@ class Producers:
         detached: bool = False,
         abandon_after_s: float | None = None,
         alias: str | None = None,
+        start_key: StartKey | None = None,
     ) -> str:
         """Create a stream of ``kind`` and run its first producer; return the stream id.
         ``wire`` is stored with it for the API layer (the format a resume renders); with a
         ``ticket`` the producer waits for a generation slot first (see admission.py);
-        ``abandon_after_s`` is its own window and ``alias`` another name for it (NewStream)."""
+        ``abandon_after_s`` is its own window, ``alias`` another name for it (NewStream) and
+        ``start_key`` the start's Idempotency-Key (start_keys.py)."""
         sid = new_stream_id()
         first = StreamStarted(
             id=0,
@@ -103,6 +106,8 @@ class Producers:
             detached=detached,
             abandon_after_s=abandon_after_s,
             alias=alias,
+            start_key=None if start_key is None else start_key.key,
+            start_fingerprint=None if start_key is None else start_key.fingerprint,
         )
         plan = producer.initial_plan
         await self.event_log.create(

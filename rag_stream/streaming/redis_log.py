@@ -8,7 +8,8 @@ Keys, under a prefix (``rs`` by default), for stream ``S``:
 - ``{p}:s:S:meta``   hash: status, model, kind, created, plan (JSON), cancel flag, reader heartbeat.
 - ``{p}:s:S:lease``  the owning process's name, with a short expiry renewed while it generates.
 - ``{p}:alias:T:A`` the id of tenant ``T``'s latest stream created with alias ``A`` (an AI SDK
-  chat's id), expiring with a running stream's log.
+  chat's id, or ``start:`` and the digest of a start's Idempotency-Key), expiring with a
+  running stream's log.
 - ``{p}:active``     sorted set of running stream ids (the sweeper's work list).
 - ``{p}:proc:O``     the Redis client id of process ``O``'s presence connection (see below);
   republished by every sweep with a day's expiry, cut to twice the lease when ``O`` stops.
@@ -239,8 +240,8 @@ class RedisEventLog:
                 pipe.xadd(log, {"e": first.model_dump_json()}, id=entry_id(first.id))
                 pipe.expire(log, self._running_ttl)
                 pipe.zadd(self._active, {stream_id: time.time()})
-                if new.alias is not None:
-                    pipe.set(self._alias(new.tenant, new.alias), stream_id, ex=self._running_ttl)
+                for alias in new.aliases:
+                    pipe.set(self._alias(new.tenant, alias), stream_id, ex=self._running_ttl)
                 await pipe.execute()
         except RedisError as exc:
             raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc

@@ -31,6 +31,7 @@ from rag_stream.streaming.kinds import (
 )
 from rag_stream.streaming.producer import Producers
 from rag_stream.streaming.reader import Readers
+from rag_stream.streaming.start_keys import StartKey
 from rag_stream.streaming.takeover import Takeover
 
 # What ``opening`` reads at a time: a stream event and an answer's citations fit in one or two.
@@ -47,7 +48,9 @@ class CancelOutcome:
 @dataclass(frozen=True)
 class Launched(Generic[ProducerT]):
     stream_id: str
-    producer: ProducerT  # the first run, as the kind accepted it (e.g. a job's id is in it)
+    # the first run, as the kind accepted it (e.g. a job's id is in it); None when the start's
+    # key found the stream an earlier start launched (start_keys.py), which is read from its start
+    producer: ProducerT | None
 
 
 class Streams:
@@ -87,6 +90,7 @@ class Streams:
         wire: str | None = None,
         abandon_after_s: float | None = None,
         alias: str | None = None,
+        start_key: StartKey | None = None,
     ) -> Launched[ProducerT]:
         """Start a stream of ``kind`` for ``intent``: a ticket first (429 before any work when
         this process, or the tenant, is full), then ``kind.accept``, then the stream waits for a
@@ -94,7 +98,13 @@ class Streams:
         ``wire`` (opaque here) tells a later resume how the API renders the stream; only
         ``tenant`` may read, resume or cancel it; ``abandon_after_s``: how long after its last
         reader left it stops (None: ``streaming.abandon_after_s``); ``alias``: a name the tenant
-        also finds it by (``named``), such as a chat's id."""
+        also finds it by (``named``), such as a chat's id; ``start_key``: the start's
+        Idempotency-Key, which finds the stream an earlier start with it launched instead."""
+        if start_key is not None:
+            earlier = await self.named(start_key.alias, tenant=tenant)
+            if earlier is not None:
+                start_key.check(earlier)
+                return Launched(earlier.stream_id, None)
         async with self.admission.ticket(priority, tenant) as ticket:
             producer = await kind.accept(intent, tenant)
             ticket.priority = producer.priority
@@ -108,6 +118,7 @@ class Streams:
                     detached=kind.detached,
                     abandon_after_s=abandon_after_s,
                     alias=alias,
+                    start_key=start_key,
                 )
             except Exception as exc:
                 await kind.not_started(producer, exc)

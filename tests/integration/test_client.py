@@ -6,6 +6,8 @@ SmolLM2 decodes 17."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rag_stream.client import AsyncClient, Client, Reconnect, RetryPolicy
@@ -138,6 +140,26 @@ def test_sync_client_rides_out_a_reset_connection(
     _assert_same_answer(events, reference)
     assert len(notices) == 1
     assert _cut_id(events) <= notices[0].last_event_id < events[-1].id
+
+
+def test_a_start_whose_answer_is_lost_goes_again_and_reads_the_stream_it_began(
+    server: ServerProcess, kb: str, reference: list[Event]
+) -> None:
+    notices: list[Reconnect] = []
+    with (
+        TcpProxy(server.port) as proxy,
+        Client(proxy.url, retry=QUICK, on_reconnect=notices.append) as client,
+    ):
+        proxy.lose_next_answer()  # the request reaches the server; its answer is cut
+        stream = client.ask(kb, QUESTION, max_tokens=MAX_TOKENS)
+        events = list(stream)
+    assert len(proxy.lost) == 1 and proxy.lost[0].startswith(b"HTTP/1.1 200")
+    # the server had started the stream; the start, sent again with its Idempotency-Key,
+    # read that stream from its first event rather than starting another
+    header = rf"\r\n(?i:x-stream-id): {re.escape(str(stream.stream_id))}\r\n"
+    assert re.search(header.encode(), proxy.lost[0])
+    assert [n.stream_id for n in notices] == [None]
+    _assert_same_answer(events, reference)
 
 
 def test_follow_continues_a_stream_from_a_given_event(

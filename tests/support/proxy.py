@@ -3,7 +3,9 @@
 ``drop()`` closes both sides of every open connection at once, as a network failure would: the
 client's response ends mid-body (``reset=True``: with a TCP reset instead of a clean close).
 ``refuse_next(n)`` closes the next ``n`` connections as soon as they are accepted (a server
-that is unreachable for a while). Threads, so it works under sync and async clients alike.
+that is unreachable for a while). ``lose_next_answer()`` lets the next request through and cuts
+its connection when the answer's first bytes come back, keeping them (``lost``): the server did
+the work, the client never hears of it. Threads, so it works under sync and async clients alike.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._open: list[tuple[socket.socket, socket.socket]] = []
         self._refuse = 0
+        self._lose = 0
+        self.lost: list[bytes] = []  # the first bytes of each answer lost
         self.accepted = 0  # connections accepted so far (refused ones included)
         self._closed = False
         threading.Thread(target=self._accept_loop, daemon=True).start()
@@ -52,6 +56,10 @@ class TcpProxy:
         with self._lock:
             self._refuse = n
 
+    def lose_next_answer(self) -> None:
+        with self._lock:
+            self._lose = 1
+
     def close(self) -> None:
         self._closed = True
         self._listener.close()
@@ -67,6 +75,8 @@ class TcpProxy:
                 self.accepted += 1
                 refuse = self._refuse > 0
                 self._refuse -= refuse
+                lose = not refuse and self._lose > 0
+                self._lose -= lose
             if refuse:
                 _cut(client, reset=False)
                 continue
@@ -78,12 +88,16 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._open.append((client, upstream))
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            for src, dst, losing in ((client, upstream, False), (upstream, client, lose)):
+                args = (src, dst, losing)
+                threading.Thread(target=self._pump, args=args, daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, lose: bool = False) -> None:
         try:
             while data := src.recv(65536):
+                if lose:
+                    self.lost.append(data)
+                    break  # (both ends are cut below)
                 dst.sendall(data)
         except OSError:
             pass  # cut by drop(), or the other side went away

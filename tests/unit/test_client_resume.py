@@ -131,12 +131,26 @@ def test_a_start_that_never_reached_the_server_is_sent_again() -> None:
     assert [r.method for r in server.requests] == ["POST", "POST"]
 
 
-def test_a_start_lost_after_sending_is_not_sent_twice() -> None:
-    server = ScriptedServer(httpx.ReadError("reset before the response"), sse(EVENTS))
+def test_a_start_lost_after_sending_goes_again_with_its_key() -> None:
+    # the server may have started the stream: the same key finds it (docs/protocol.md)
+    lost = httpx.ReadError("reset before the response")
+    server = ScriptedServer(lost, sse(EVENTS), sse(EVENTS))
+    with _client(server) as client:
+        events = list(client.ask("kb", "q?"))
+        _assert_one_clean_stream(events)
+        list(client.ask("kb", "q?"))  # another start: another key
+    keys = [r.headers.get("idempotency-key") for r in server.requests]
+    assert [r.method for r in server.requests] == ["POST"] * 3
+    assert keys[0] and keys[0] == keys[1] and keys[2] not in (None, keys[0])
+
+
+def test_a_start_that_never_gets_an_answer_gives_up_without_a_stream_id() -> None:
+    lost = httpx.ReadError("reset before the response")
+    server = ScriptedServer(*[lost] * (FAST.max_retries + 1))
     with _client(server) as client, pytest.raises(StreamInterrupted) as caught:
         list(client.ask("kb", "q?"))
-    assert len(server.requests) == 1
-    assert caught.value.stream_id is None
+    assert len(server.requests) == FAST.max_retries + 1
+    assert caught.value.stream_id is None and "may have started" in caught.value.message
 
 
 def test_a_stream_cut_before_its_first_event_resumes_from_the_start() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from rag_stream.api.deps import ResourcesDep, TenantDep
+from rag_stream.api.deps import ResourcesDep, StartKeyDep, TenantDep
 from rag_stream.api.openapi import errors
 from rag_stream.api.responses import stream_or_collect
 from rag_stream.kinds.answer.intent import question_from_request
@@ -25,12 +25,20 @@ router = APIRouter(tags=["answers"])
     responses={**sse_responses(NATIVE, json=AnswerResponse), **errors(404, 413)},
 )
 async def answer(
-    body: AnswerRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
+    body: AnswerRequest,
+    request: Request,
+    resources: ResourcesDep,
+    tenant: TenantDep,
+    start_key: StartKeyDep,
 ) -> Response | AnswerResponse:
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
     question = question_from_request(body, resources.settings.limits, coalesce)
     launched = await resources.streams.launch(
-        resources.kinds.get(AnswerKind), question, tenant=tenant, priority=body.priority
+        resources.kinds.get(AnswerKind),
+        question,
+        tenant=tenant,
+        priority=body.priority,
+        start_key=start_key,
     )
     return await stream_or_collect(resources, launched.stream_id, body.stream, _response)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from rag_stream.api.deps import ResourcesDep, TenantDep
+from rag_stream.api.deps import ResourcesDep, StartKeyDep, TenantDep
 from rag_stream.api.openapi import errors
 from rag_stream.api.responses import stream_or_collect
 from rag_stream.kinds.base import KindSlice
@@ -24,12 +24,20 @@ router = APIRouter(tags=["generate"])
     responses={**sse_responses(NATIVE, json=GenerateResponse), **errors(413)},
 )
 async def generate(
-    body: GenerateRequest, request: Request, resources: ResourcesDep, tenant: TenantDep
+    body: GenerateRequest,
+    request: Request,
+    resources: ResourcesDep,
+    tenant: TenantDep,
+    start_key: StartKeyDep,
 ) -> Response | GenerateResponse:
     coalesce = resources.coalescing.resolve(body.coalesce, request.scope)
     prompt = prompt_from_request(body, resources.settings.limits, coalesce)
     launched = await resources.streams.launch(
-        resources.kinds.get(GenerateKind), prompt, tenant=tenant, priority=body.priority
+        resources.kinds.get(GenerateKind),
+        prompt,
+        tenant=tenant,
+        priority=body.priority,
+        start_key=start_key,
     )
     return await stream_or_collect(resources, launched.stream_id, body.stream, _response)
 

@@ -9,7 +9,14 @@ from fastapi.responses import PlainTextResponse, Response
 from sse_starlette import EventSourceResponse
 
 from rag_stream.api.cursor import LastEventIdQuery, resume_cursor
-from rag_stream.api.deps import ResourcesDep, SessionDep, SettingsDep, StreamsDep, TenantDep
+from rag_stream.api.deps import (
+    ResourcesDep,
+    SessionDep,
+    SettingsDep,
+    StartKeyDep,
+    StreamsDep,
+    TenantDep,
+)
 from rag_stream.api.openapi import errors
 from rag_stream.api.query import QueryInt
 from rag_stream.errors import NotFound
@@ -26,12 +33,20 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=202, responses=errors(404, 413))
-async def create(body: JobRequest, resources: ResourcesDep, tenant: TenantDep) -> JobOut:
+async def create(
+    body: JobRequest, resources: ResourcesDep, tenant: TenantDep, start_key: StartKeyDep
+) -> JobOut:
+    kind = resources.kinds.get(JobKind)
     launched = await resources.streams.launch(
-        resources.kinds.get(JobKind), body, tenant=tenant, priority="batch"
+        kind, body, tenant=tenant, priority="batch", start_key=start_key
     )
+    if launched.producer is not None:
+        job_id = launched.producer.plan.job_id
+    else:  # the start key's earlier start: its job is in the plan saved with its stream
+        meta = await resources.streams.status(launched.stream_id, tenant=tenant)
+        job_id = kind.read_plan(meta.plan or "").job_id
     async with resources.sessions() as session:
-        return job_out(await get_job(session, launched.producer.plan.job_id, tenant=tenant))
+        return job_out(await get_job(session, job_id, tenant=tenant))
 
 
 @router.get("")
