@@ -135,10 +135,15 @@ class Resumer:
         self._failures += 1
         where = self.stream_id or "(not started)"
         if self._failures > self._retry.max_retries:
-            if self.stream_id is None:
+            if self.stream_id is None and starting:
                 raise StreamInterrupted(
                     f"the start had no answer in {self._retry.max_retries + 1} attempts "
                     f"({_describe(exc)}); it may have started a stream on the server"
+                ) from exc
+            if self.stream_id is None:
+                raise StreamInterrupted(
+                    f"could not reach the server in {self._retry.max_retries + 1} attempts "
+                    f"({_describe(exc)})"
                 ) from exc
             raise StreamInterrupted(
                 f"stream {where}: gave up after {self._retry.max_retries} reconnections "
