@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import SESSION_PREFIX
-from tests.support.inprocess import InProcess, InProcessFactory, new_key
+from tests.support.inprocess import InProcess, InProcessFactory, keyed_clients
 
 
 @dataclass
@@ -39,11 +39,8 @@ async def tenants(
         security__require_keys=True,
         streaming__key_prefix=f"{SESSION_PREFIX}-convlist",
     ) as service:
-        keys = {t: await new_key(service, t) for t in ("alpha", "beta")}
-        alpha, beta = (
-            service.client_for(headers={"Authorization": f"Bearer {k}"})
-            for k in (keys["alpha"], keys["beta"])
-        )
+        clients = await keyed_clients(service, "alpha", "beta")
+        alpha, beta = clients["alpha"], clients["beta"]
         kb = f"kb-{uuid.uuid4().hex[:6]}"
         (await alpha.post("/v1/kbs", json={"name": kb})).raise_for_status()
         (

@@ -26,7 +26,7 @@ from tests.support.inprocess import (
     InProcess,
     InProcessFactory,
     LiveASGITransport,
-    new_key,
+    keyed_clients,
 )
 
 KEY = "Idempotency-Key"
@@ -48,15 +48,13 @@ async def tenants(in_process_factory: InProcessFactory) -> AsyncIterator[Tenants
         security__require_keys=True,
         streaming__key_prefix=f"{SESSION_PREFIX}-startkeys",
     ) as service:
-        keys = {t: await new_key(service, t) for t in ("alpha", "beta")}
-        alpha, beta = (
-            service.client_for(headers={"Authorization": f"Bearer {keys[t]}"})
-            for t in ("alpha", "beta")
-        )
+        clients = await keyed_clients(service, "alpha", "beta")
+        alpha, beta = clients["alpha"], clients["beta"]
         kb = f"kb-{uuid.uuid4().hex[:6]}"
         (await alpha.post("/v1/kbs", json={"name": kb})).raise_for_status()
         document = {"title": "Herons", "text": "Herons nest in the reeds in spring."}
         (await alpha.post(f"/v1/kbs/{kb}/documents", json=document)).raise_for_status()
+        keys = {t: c.headers["authorization"].removeprefix("Bearer ") for t, c in clients.items()}
         yield Tenants(service, keys, alpha, beta, kb)
         await alpha.aclose()
         await beta.aclose()

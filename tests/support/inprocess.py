@@ -404,6 +404,16 @@ async def new_key(service: InProcess, tenant: str) -> str:
         return (await create_key(session, tenant, None)).key
 
 
+async def keyed_clients(service: InProcess, *tenants: str) -> dict[str, httpx.AsyncClient]:
+    """A client for each tenant, sending a key of its own (``new_key``; the caller closes
+    them)."""
+    clients = {}
+    for tenant in tenants:
+        key = await new_key(service, tenant)
+        clients[tenant] = service.client_for(headers={"Authorization": f"Bearer {key}"})
+    return clients
+
+
 # Streams and knowledge bases, as tests/support/sse.py and kb.py do them over a socket.
 
 
