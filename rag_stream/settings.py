@@ -179,12 +179,18 @@ class EngineSettings(BaseModel):
         description="How vLLM runs the model on a CPU (no effect on a GPU). `uni`: inside vLLM's "
         "engine-core process, on cpu_threads threads. `mp` (vLLM's own CPU default): a worker "
         "process with its threads bound to the first cores, which the engine core spins on, and "
-        "one more process to start. On 2 cores with SmolLM2 `uni` decodes as fast on half the "
-        "engine CPU per token, starts on 0.72x the CPU and leaves a neighbour its whole core "
-        "(docs/benchmarks.md); `mp` pays on many-core servers with vLLM's per-NUMA-node binding.",
+        "one more process to start. On 2 cores with SmolLM2, one thread each, `uni` decodes as "
+        "fast on half the engine CPU per token and starts on 0.72x the CPU (docs/benchmarks.md); "
+        "`mp` pays on many-core servers with vLLM's per-NUMA-node binding.",
     )
     cpu_threads: int = Field(
-        1, ge=1, description="Threads the model runs on with cpu_executor `uni`."
+        2,
+        ge=1,
+        description="Threads the model runs on with cpu_executor `uni`. A RAG prompt is mostly "
+        "prefill, which scales with threads: on 2 cores, 2 threads gave answers their first "
+        "token in 0.52-0.66x the time and their last in 0.69-0.84x (docs/benchmarks.md, 'Engine "
+        "threads'). On a larger server, the cores the engine may have, leaving one to the API "
+        "process.",
     )
     replica_max_waiting: int = Field(
         8,
