@@ -38,7 +38,7 @@ class StartKey:
         return START_ALIAS + self.key
 
     def check(self, meta: StreamMeta) -> None:
-        """The stream this key started, if it was started by the same request."""
+        """Refuse ``meta``, the stream this key started, unless the same request started it."""
         if meta.start_fingerprint != self.fingerprint:
             raise StartKeyReused(
                 f"this {HEADER} started stream {meta.stream_id} with a different request: "
