@@ -7,6 +7,7 @@ Redis rather than recomputed, and the document is the one an uninterrupted run w
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rag_stream.kv.store import stats_key
 from tests.conftest import REDIS_URL, SESSION_PREFIX
+from tests.support.brake import Brake, engine_cores
 from tests.support.jobs_pair import KB, JobsPair, kv_prefix
 from tests.support.kv_engines import settle
 from tests.support.kv_metrics import kv_counters, settled_kv_counters
@@ -410,6 +412,10 @@ def _blocks_saved_by(done: dict[str, Any]) -> int:
     return int(computed - done["cached_tokens"] // BLOCK)
 
 
+def _section_done_seen(frames: list[Frame], index: int) -> bool:
+    return any(f.event == "section_done" and f.data["index"] == index for f in frames)
+
+
 def _section_done(frames: list[Frame], index: int) -> dict[str, Any]:
     return next(f.data for f in frames if f.event == "section_done" and f.data["index"] == index)
 
@@ -457,17 +463,27 @@ def test_kill_9_mid_section_then_another_server_finishes_the_same_document_on_it
     assert settle(lambda: _blocks_saved() >= ref_saves, 30), (_blocks_saved(), ref_saves)
     _forget_blocks()
     job = _start(victim, body)
+    # The kill must land mid-section 1, after the engine has saved the block named above. The
+    # engine saves in the background while the job decodes on, so waiting for that save can
+    # outlast the section (a CI run killed the victim in section 2). So: from halfway there the
+    # engine core is slowed (tests/support/brake.py), so that a reader trailing the job cannot
+    # see the kill point late; then the API process is frozen (SIGSTOP): the job's log ends
+    # where it is, mid-section, while the engine core runs on at full speed and saves its
+    # blocks; then both are killed, as one crash at that point.
     follower = _Follower(victim, job["id"])
-    follower.wait_until(lambda frames: _section_ids(frames, 1) >= kill_after)
-    # polled often: the job goes on decoding meanwhile, and the kill must land mid-section
-    assert settle(lambda: _blocks_saved() >= saves, 10, poll_s=0.02), (_blocks_saved(), saves)
+    follower.wait_until(lambda frames: _section_ids(frames, 1) >= kill_after // 2)
+    with Brake(engine_cores(victim.proc.pid), running_s=0.05, stopped_s=0.1) as brake:
+        follower.wait_until(lambda frames: _section_ids(frames, 1) >= kill_after)
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        brake.release()
+    assert settle(lambda: _blocks_saved() >= saves, 30), (_blocks_saved(), saves)
     loaded_before = kv_counters(survivor).get("blocks_loaded", 0)
     victim.kill()  # SIGKILL to the server and its engine core
     first = follower.join()
     # the kill landed mid-section: section 1 had begun and not ended, its tokens well short
     # of the section's budget (the engine request for its rest, below, is a second proof)
     assert first[-1].event == "token" and first[-1].data["section"] == 1, first[-1]
-    assert not any(f.event == "section_done" and f.data["index"] == 1 for f in first)
+    assert not _section_done_seen(first, 1)
     assert _section_ids(first, 1) < SECTION_TOKENS - 8, _section_ids(first, 1)
     meta = httpx.get(f"{survivor.url}/v1/streams/{job['stream_id']}", timeout=30).json()
     assert meta["status"] == "running", meta
