@@ -6,11 +6,10 @@ proposed and accepted; vLLM's own counters, on the server's /metrics, show that 
 
 from __future__ import annotations
 
-import re
-
 import httpx
 import pytest
 
+from tests.support.drafts import accepted_drafts
 from tests.support.server import ServerProcess
 
 PASSAGE = (
@@ -34,14 +33,6 @@ def _generate(server: ServerProcess, body: dict[str, object]) -> dict[str, objec
     return answer
 
 
-def _accepted_drafts(server: ServerProcess) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    found = re.findall(
-        r"^vllm:spec_decode_num_accepted_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M
-    )
-    return sum(float(v) for v in found)
-
-
 @pytest.fixture(scope="module")
 def servers(
     speculative_servers_start: tuple[ServerProcess, ServerProcess],
@@ -55,23 +46,23 @@ def test_greedy_text_on_the_tiny_model_is_the_same_with_drafts(
     servers: tuple[ServerProcess, ServerProcess], tiny_server: ServerProcess
 ) -> None:
     speculative = servers[0]
-    before = _accepted_drafts(speculative)
+    before = accepted_drafts(speculative.url)
     for prompt in PROMPTS:
         plain = _generate(tiny_server, {"prompt": prompt})
         drafted = _generate(speculative, {"prompt": prompt})
         assert drafted["token_ids"] == plain["token_ids"], prompt
         assert drafted["text"] == plain["text"]
-    assert _accepted_drafts(speculative) > before  # drafts were made, and some kept
+    assert accepted_drafts(speculative.url) > before  # drafts were made, and some kept
 
 
 def test_greedy_text_on_smollm2_is_the_same_with_drafts(
     servers: tuple[ServerProcess, ServerProcess], smollm2_server: ServerProcess
 ) -> None:
     speculative = servers[1]
-    before = _accepted_drafts(speculative)
+    before = accepted_drafts(speculative.url)
     for body in ({"prompt": CHAT, "chat": True}, {"prompt": PROMPTS[0]}):
         plain = _generate(smollm2_server, body)
         drafted = _generate(speculative, body)
         assert drafted["token_ids"] == plain["token_ids"], body
         assert drafted["text"] == plain["text"]
-    assert _accepted_drafts(speculative) > before
+    assert accepted_drafts(speculative.url) > before
