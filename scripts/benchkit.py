@@ -52,7 +52,8 @@ MODELS = ROOT / ".data" / "models"
 MODEL = MODELS / "SmolLM2-135M-Instruct"
 STUB_SERVER = [sys.executable, "-m", "tests.support.stub_server"]
 # The engine the real-engine comparisons run, in rag-stream and behind vLLM's own server alike:
-# SmolLM2 float32, prefix caching, enforce_eager, seed 0, and these.
+# SmolLM2 float32, prefix caching, enforce_eager, seed 0, one token a step (no speculative
+# decoding: rag-stream's default has it, vLLM's server does not), and these.
 MAX_MODEL_LEN, MAX_NUM_SEQS, KV_GB = 4096, 32, 1.0
 RAW_SERVED = "smol"  # the model's name on the raw vLLM server
 
@@ -64,6 +65,7 @@ def engine_env() -> dict[str, str]:
         "RAG_STREAM_ENGINE__MAX_NUM_SEQS": str(MAX_NUM_SEQS),
         "RAG_STREAM_ENGINE__MAX_MODEL_LEN": str(MAX_MODEL_LEN),
         "RAG_STREAM_ENGINE__KV_CACHE_GB": str(KV_GB),
+        "RAG_STREAM_ENGINE__SPECULATIVE": "off",
     }
 
 
@@ -118,9 +120,10 @@ def wait_health(server: ServerProcess, timeout_s: float = 600) -> None:
 
 
 @contextlib.contextmanager
-def private_redis(folder: Path) -> Iterator[RedisServer]:
-    """A redis-server of this run's own on a free port, answering PING, keeping nothing."""
-    redis = RedisServer(folder)
+def private_redis(folder: Path, *, unix_socket: bool = False) -> Iterator[RedisServer]:
+    """A redis-server of this run's own on a free port (and, with ``unix_socket``, on a socket
+    in ``folder``), answering PING, keeping nothing."""
+    redis = RedisServer(folder, unix_socket=unix_socket)
     redis.start()
     try:
         yield redis

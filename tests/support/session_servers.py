@@ -166,9 +166,9 @@ def takeover_servers_start(
     """test_takeover.py's survivor and victim (SmolLM2, the real Redis), started, not waited for.
 
     Both decode with prompt-lookup speculative decoding on (``engine.speculative: ngram``), so
-    the kill -9 takeover is checked with drafts in the steps before and after it; the default
-    (off) is taken over in test_cluster.py and test_jobs.py, and test_engine_speculative.py
-    checks that drafts change no text.
+    the kill -9 takeover is checked with drafts in the steps before and after it (the default;
+    the test profile's, off, is taken over in test_cluster.py and test_jobs.py), and
+    test_engine_speculative.py checks that drafts change no text.
 
     Neither takes over another test's stream meanwhile: a process continues only streams of
     its own model, and ``smollm2_server`` has stopped by then (its last user comes before)."""
