@@ -221,7 +221,14 @@ def engine_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[st
     spy: subprocess.Popen[bytes] | None = None
     report: dict[str, Any] = {}
     try:  # both load at once (~30-60 s each), then wait for both
-        ours_env = {"RAG_STREAM_REDIS_URL": redis_url, **engine_env()}
+        # vLLM's own executor on the CPU (``mp``, its default), as the raw server runs it: the
+        # same engine on both sides (rag-stream's default, ``uni`` on 2 threads, decodes faster
+        # here, which would compare engines, not gateways)
+        ours_env = {
+            "RAG_STREAM_REDIS_URL": redis_url,
+            **engine_env(),
+            "RAG_STREAM_ENGINE__CPU_EXECUTOR": "mp",
+        }
         servers += [
             start_raw_vllm(base / "raw-vllm.log"),
             start_rag_stream(base / "ours", ours_env),
@@ -367,6 +374,12 @@ def main() -> None:
     ints = {"rounds": 3, "max-tokens": 64, "stub-rounds": 3, "stub-streams": 32, "stub-tokens": 500}
     for name, default in ints.items():
         parser.add_argument(f"--{name}", type=int, default=default, help=f"default {default}")
+    parser.add_argument(
+        "--redis",
+        choices=("tcp", "unix"),
+        default="tcp",
+        help="how rag-stream reaches its private Redis: loopback TCP (default) or a unix socket",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "gateway.json")
     parser.add_argument(
         "--profile-ours",
@@ -378,11 +391,17 @@ def main() -> None:
     )
     args = parser.parse_args()
     report: dict[str, Any] = {"command": command(), "loadavg_start": os.getloadavg()}
-    with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp) / "redis") as redis:
+    unix = args.redis == "unix"
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        private_redis(Path(tmp) / "redis", unix_socket=unix) as redis,
+    ):
+        redis_url = f"unix://{redis.socket}?db=0" if unix else redis.url
+        report["redis_url"] = redis_url
         if not args.skip_engine:
-            report["engine"] = engine_part(args, Path(tmp), redis.url)
+            report["engine"] = engine_part(args, Path(tmp), redis_url)
         if not args.skip_stub:
-            report["stub"] = stub_part(args, Path(tmp), redis.url)
+            report["stub"] = stub_part(args, Path(tmp), redis_url)
     report["loadavg_end"] = os.getloadavg()
     write_json(args.out, report)
     print(markdown(report))
