@@ -391,12 +391,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     report: dict[str, Any] = {"command": command(), "loadavg_start": os.getloadavg()}
-    unix = args.redis == "unix"
     with (
         tempfile.TemporaryDirectory() as tmp,
-        private_redis(Path(tmp) / "redis", unix_socket=unix) as redis,
+        private_redis(Path(tmp) / "redis", unix_socket=args.redis == "unix") as redis,
     ):
-        redis_url = f"unix://{redis.socket}?db=0" if unix else redis.url
+        redis_url = redis.socket_url or redis.url
         report["redis_url"] = redis_url
         if not args.skip_engine:
             report["engine"] = engine_part(args, Path(tmp), redis_url)

@@ -472,10 +472,9 @@ def test_kill_9_mid_section_then_another_server_finishes_the_same_document_on_it
     # blocks; then both are killed, as one crash at that point.
     follower = _Follower(victim, job["id"])
     follower.wait_until(lambda frames: _section_ids(frames, 1) >= kill_after // 2)
-    with Brake(engine_cores(victim.proc.pid), running_s=0.05, stopped_s=0.1) as brake:
+    with Brake(engine_cores(victim.proc.pid), running_s=0.05, stopped_s=0.1):
         follower.wait_until(lambda frames: _section_ids(frames, 1) >= kill_after)
         os.kill(victim.proc.pid, signal.SIGSTOP)
-        brake.release()
     assert settle(lambda: _blocks_saved() >= saves, 30), (_blocks_saved(), saves)
     loaded_before = kv_counters(survivor).get("blocks_loaded", 0)
     victim.kill()  # SIGKILL to the server and its engine core

@@ -24,6 +24,7 @@ class RedisServer:
         # ``unix_socket``: the same server on a socket in its folder too (a Redis on the API's
         # own host); its path must fit a socket's 107 bytes
         self.socket = folder / "redis.sock" if unix_socket else None
+        self.socket_url = None if self.socket is None else f"unix://{self.socket}?db=0"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, *, persist: bool = False) -> None:
