@@ -165,18 +165,9 @@ def takeover_servers_start(
 ) -> tuple[ServerProcess, ServerProcess]:
     """test_takeover.py's survivor and victim (SmolLM2, the real Redis), started, not waited for.
 
-    Both decode with prompt-lookup speculative decoding on (``engine.speculative: ngram``), so
-    the kill -9 takeover is checked with drafts in the steps before and after it (the default;
-    the test profile's, off, is taken over in test_cluster.py and test_jobs.py), and
-    test_engine_speculative.py checks that drafts change no text.
-
     Neither takes over another test's stream meanwhile: a process continues only streams of
     its own model, and ``smollm2_server`` has stopped by then (its last user comes before)."""
-    env = {
-        "RAG_STREAM_MODEL": str(smollm2_path),
-        "RAG_STREAM_REDIS_URL": REDIS_URL,
-        "RAG_STREAM_ENGINE__SPECULATIVE": "ngram",
-    }
+    env = {"RAG_STREAM_MODEL": str(smollm2_path), "RAG_STREAM_REDIS_URL": REDIS_URL}
     pair = server_factory(wait=False, **env), server_factory(wait=False, **env)
 
     def stop() -> None:
