@@ -637,6 +637,11 @@ class IngestSettings(BaseModel):
         description='Ingest the project\'s docs/ into a knowledge base named "docs" when `serve` '
         "starts.",
     )
+    sample_kb_vectors: bool = Field(
+        True,
+        description="Keep the sample KB's vectors in models_dir (sample-kb-vectors.npz), so that "
+        "a start on a new data folder ingests it without embedding it again.",
+    )
 
     @model_validator(mode="after")
     def _overlap_fits(self) -> IngestSettings:

@@ -23,6 +23,7 @@ from rag_stream.ingest.documents import DocumentDraft, parse_upload
 from rag_stream.ingest.parsing import SUPPORTED_SUFFIXES
 from rag_stream.ingest.service import Ingestor
 from rag_stream.ingest.writer import IngestResult, Outcome
+from rag_stream.retrieval.embedder import Embedder
 from rag_stream.store import repositories as repo
 from rag_stream.store.models import KnowledgeBase
 
@@ -89,10 +90,11 @@ async def ingest_files(
     source_for: Callable[[Path], str],
     on_file: OnFile | None = None,
     on_chunks: OnChunks | None = None,
+    embedder: Embedder | None = None,
 ) -> IngestSummary:
     """Ingest files, embedding several at a time; a file that cannot be read is reported and
     skipped. ``on_file`` is called once per file, with None when it failed. Parsing is bounded
-    by the ingestor's settings."""
+    by the ingestor's settings; ``embedder`` replaces the ingestor's own (``Ingestor.batch``)."""
     summary = IngestSummary()
     began = time.perf_counter()
 
@@ -110,7 +112,7 @@ async def ingest_files(
         if on_file is not None:
             on_file(path, outcome if isinstance(outcome, IngestResult) else None)
 
-    async with ingestor.batch(kb_id, record, on_chunks) as batch:
+    async with ingestor.batch(kb_id, record, on_chunks, embedder) as batch:
         for path in files:
             try:
                 data = await anyio.to_thread.run_sync(path.read_bytes)

@@ -3,7 +3,9 @@ into a KB named "docs" when ``serve`` starts (setting ``ingest.sample_kb``), so 
 ask questions at once.
 
 It runs on every start and is idempotent: unchanged files are skipped by content hash, edited
-ones replace their previous version (the source is the path relative to the project).
+ones replace their previous version (the source is the path relative to the project). Its
+vectors are kept beside the models (``sample_vectors.py``, setting ``ingest.sample_kb_vectors``):
+a start on a new data folder embeds only what changed since any start on this machine.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.ingest.files import IngestSummary, collect_files, ensure_kb, ingest_files
+from rag_stream.ingest.sample_vectors import FILE_NAME, MemoEmbedder, SampleVectors, embedder_id
 from rag_stream.ingest.service import Ingestor
 from rag_stream.schemas.tenants import LOCAL_TENANT
 from rag_stream.settings import Settings, bundled
@@ -30,7 +33,10 @@ async def ingest_sample_kb(
     sessions: async_sessionmaker[AsyncSession],
     ingestor: Ingestor,
     docs_dir: Path = SAMPLE_DOCS_DIR,
+    kept: SampleVectors | None = None,
 ) -> IngestSummary | None:
+    """Ingest ``docs_dir``; with ``kept``, the chunks it has vectors for are not embedded, and
+    the vectors of the others are added to its file."""
     files = await anyio.to_thread.run_sync(_sample_files, docs_dir)
     if files is None:
         log.info("sample kb: %s not found; skipped", docs_dir)
@@ -42,8 +48,14 @@ async def ingest_sample_kb(
         tenant=LOCAL_TENANT,  # the open mode's tenant (a key for "local" reaches it too)
     )
     summary = await ingest_files(
-        ingestor, kb.id, files, source_for=lambda p: p.relative_to(docs_dir.parent).as_posix()
+        ingestor,
+        kb.id,
+        files,
+        source_for=lambda p: p.relative_to(docs_dir.parent).as_posix(),
+        embedder=None if kept is None else MemoEmbedder(ingestor.embedder, kept),
     )
+    if kept is not None and kept.added:
+        await anyio.to_thread.run_sync(kept.save)
     for path, problem in summary.failed:
         log.warning("sample kb: %s skipped: %s", path, problem)
     log.info(
@@ -71,7 +83,12 @@ def start_sample_kb(
 
     async def run() -> None:
         try:
-            await ingest_sample_kb(sessions, ingestor)
+            kept = None
+            if settings.ingest.sample_kb_vectors:
+                path = settings.resolved_models_dir / FILE_NAME
+                made_by = embedder_id(ingestor.embedder, settings.resolved_embedder)
+                kept = await anyio.to_thread.run_sync(SampleVectors.load, path, made_by)
+            await ingest_sample_kb(sessions, ingestor, kept=kept)
         except Exception as exc:
             log.warning("sample kb: ingestion failed: %s", exc)
 

@@ -106,6 +106,11 @@ class Ingestor:
             return self._background_writer
 
     @property
+    def embedder(self) -> Embedder:
+        """The embedder of requests' ingests."""
+        return self._embedder
+
+    @property
     def max_tokens(self) -> int:
         """The longest chunk, in embedder tokens."""
         return self._preparer.max_tokens
@@ -168,13 +173,22 @@ class Ingestor:
         kb_id: str,
         on_outcome: OnOutcome | None = None,
         on_chunks: OnChunks | None = None,
+        embedder: Embedder | None = None,
     ) -> IngestBatch:
         """Ingest many documents into the knowledge base ``kb_id``, embedding chunks of several
         documents together (as fast as one ``encode`` over all texts); each document still
-        commits on its own. ``on_chunks`` follows each wave's embedding."""
-        return IngestBatch(
-            self._preparer, self._writer, kb_id, on_outcome, self._wave_chunks, on_chunks
-        )
+        commits on its own. ``on_chunks`` follows each wave's embedding. ``embedder``, when
+        given, embeds the chunks instead of the ingestor's own (the sample KB's kept vectors)."""
+        writer = self._writer
+        if embedder is not None:
+            writer = DocumentWriter(
+                self._sessions,
+                self._vectors,
+                embedder,
+                self.settings.embed_batch_size,
+                self._sparse,
+            )
+        return IngestBatch(self._preparer, writer, kb_id, on_outcome, self._wave_chunks, on_chunks)
 
     async def delete_document(self, kb_ref: str, doc_id: str, *, tenant: str) -> None:
         """Delete the document, or stop its background ingest (or forget its failure)."""

@@ -166,7 +166,9 @@ class RecordingIngestor:
     def __init__(self) -> None:
         self.titles: list[str] = []
 
-    def batch(self, kb_id: str, on_outcome: Any, on_chunks: Any = None) -> RecordingIngestor:
+    def batch(
+        self, kb_id: str, on_outcome: Any, on_chunks: Any = None, embedder: Any = None
+    ) -> RecordingIngestor:
         return self
 
     async def __aenter__(self) -> RecordingIngestor:

@@ -4,7 +4,6 @@ SQLite, the vector store under its data dir, the real embedder)."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,10 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from rag_stream.ingest.parsing import SUPPORTED_SUFFIXES
 from tests.support.inprocess import InProcess
 from tests.support.pdfs import blank_pdf, make_pdf
-from tests.support.server import ROOT
 
 UPLOAD_LIMIT = 64 * 1024
 NOTES = (
@@ -24,7 +21,6 @@ NOTES = (
 )
 
 pytestmark = pytest.mark.in_process(
-    ingest__sample_kb=True,
     ingest__max_upload_bytes=UPLOAD_LIMIT,
     ingest__chunk_tokens=64,
     ingest__chunk_overlap=8,
@@ -245,27 +241,3 @@ async def test_concurrent_uploads_of_the_same_document_make_one(
     assert sum(r.json()["created"] for r in responses) == 1
     listing = (await client.get(f"/v1/kbs/{kb}/documents")).json()
     assert listing["total"] == 1
-
-
-async def test_the_sample_kb_holds_the_project_docs(client: httpx.AsyncClient) -> None:
-    expected = {
-        p.relative_to(ROOT).as_posix()
-        for p in (ROOT / "docs").rglob("*")
-        if p.suffix in SUPPORTED_SUFFIXES
-    }
-    assert "docs/protocol.md" in expected
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        r = await client.get("/v1/kbs/docs")
-        if r.status_code == 200 and r.json()["document_count"] >= len(expected):
-            break
-        await asyncio.sleep(1)
-    docs = (await client.get("/v1/kbs/docs/documents", params={"limit": 200})).json()["data"]
-    assert {d["source"] for d in docs} == expected
-    hits = (
-        await client.post(
-            "/v1/kbs/docs/search",
-            json={"query": "server-sent events stream protocol", "mode": "dense"},  # cosine
-        )
-    ).json()["results"]
-    assert hits and hits[0]["score"] > 0.3

@@ -153,10 +153,10 @@ def _resume(server: ServerProcess, first: list[Frame]) -> list[Frame]:
 
 
 def test_kill_9_mid_stream_then_resume_gives_the_uninterrupted_text(
-    takeover_servers_start: tuple[ServerProcess, ServerProcess], tokenizer: Any
+    smollm2_server: ServerProcess, takeover_victim_start: ServerProcess, tokenizer: Any
 ) -> None:
-    # SmolLM2, the same Redis; started together, ahead (``takeover_servers_start``)
-    survivor, victim = takeover_servers_start
+    # SmolLM2, the same Redis; the victim started ahead (``takeover_victim_start``)
+    survivor, victim = smollm2_server, takeover_victim_start
     try:
         for server in (survivor, victim):
             server.wait_ready()
@@ -183,8 +183,7 @@ def test_kill_9_mid_stream_then_resume_gives_the_uninterrupted_text(
         _check_takeover(_resume(survivor, first), expected, survivor, tokenizer)
         _check_coalesced_takeover(_resume(survivor, coalesced), expected_coalesced)
     finally:
-        for server in (survivor, victim):
-            server.stop()
+        victim.stop()  # (the survivor stops after its last test: session_servers.py)
 
 
 def _check_whole(frames: list[Frame]) -> list[int]:

@@ -1,4 +1,6 @@
-"""API keys and tenants on the real engine (the tiny model), real Redis and PostgreSQL.
+"""API keys and tenants on a `serve`-like process with the paced stub engine, real Redis and
+PostgreSQL: what these tests check happens before and around generation (tests/e2e's chat page
+runs keys on vLLM).
 
 Two tenants, ``alpha`` and ``beta``, each with a key made by ``rag-stream keys create``: keys
 that are wrong, revoked or missing on every keyed route (``CROSS_TENANT``), keys kept out of
@@ -26,7 +28,6 @@ from tests.support.session_servers import TENANTS_PREFIX, KeyedServer
 from tests.support.tenant_probes import CROSS_TENANT
 from tests.support.waiting import eventually_sync
 
-pytestmark = pytest.mark.engine
 PREFIX = TENANTS_PREFIX  # this server's keys in the shared Redis
 
 
@@ -93,13 +94,13 @@ def tenants(tenant_server: tuple[ServerProcess, dict[str, str]]) -> Iterator[Ten
 
 
 LONG = {
-    "model": "tiny-llama-test",
+    "model": "stub",
     "messages": [{"role": "user", "content": "Count."}],
     "max_tokens": 7900,
     "ignore_eos": True,
     "stream": True,
-    # few events: five such streams of the tiny model would otherwise write thousands of
-    # events a second to the shared Redis, more than a loaded 2-core machine keeps up with
+    # few events: five such streams would otherwise write a thousand events a second to the
+    # shared Redis
     "coalesce": {"tokens": 32, "ms": 500},
 }
 

@@ -55,11 +55,10 @@ def release_after_last_user(
 ENGINE_FIXTURES = (
     "tiny_server_start",
     "default_server_start",
-    "takeover_servers_start",
+    "takeover_victim_start",
     "jobs_servers_start",
     "smollm2_server_start",
     "engine_death_victim_start",
-    "tenant_server_start",
     "chat_page_server_start",
     "cluster_start",
     "kv_engines_start",
@@ -160,22 +159,14 @@ def default_server(default_server_start: ServerProcess) -> Iterator[ServerProces
 
 
 @pytest.fixture(scope="session")
-def takeover_servers_start(
+def takeover_victim_start(
     request: pytest.FixtureRequest, server_factory: ServerFactory, smollm2_path: Path
-) -> tuple[ServerProcess, ServerProcess]:
-    """test_takeover.py's survivor and victim (SmolLM2, the real Redis), started, not waited for.
-
-    Neither takes over another test's stream meanwhile: a process continues only streams of
-    its own model, and ``smollm2_server`` has stopped by then (its last user comes before)."""
-    env = {"RAG_STREAM_MODEL": str(smollm2_path), "RAG_STREAM_REDIS_URL": REDIS_URL}
-    pair = server_factory(wait=False, **env), server_factory(wait=False, **env)
-
-    def stop() -> None:
-        for server in pair:
-            server.stop()
-
-    release_after_last_user(request, "takeover_servers_start", stop)
-    return pair
+) -> ServerProcess:
+    """test_takeover.py's victim (SmolLM2, the real Redis), started, not waited for; the
+    survivor is ``smollm2_server``. No other test's stream is taken over by either: a process
+    continues only streams of its own model, and the session's other SmolLM2 servers on this
+    Redis keep their streams under prefixes of their own (the jobs pair) or have stopped."""
+    return _smollm2_on_redis(request, server_factory, smollm2_path, "takeover_victim_start")
 
 
 @pytest.fixture(scope="session")
@@ -227,7 +218,7 @@ def smollm2_server_start(
 @pytest.fixture(scope="session")
 def smollm2_server(smollm2_server_start: ServerProcess) -> ServerProcess:
     """A SmolLM2 server on the real Redis (test profile): the cluster's reference, and the
-    peer that takes over from test_engine_death.py's victim."""
+    peer that takes over from test_engine_death.py's and test_takeover.py's victims."""
     smollm2_server_start.wait_ready()
     return smollm2_server_start
 
@@ -298,11 +289,13 @@ def _keyed_server(
     tmp_path_factory: pytest.TempPathFactory,
     fixture: str,
     database: str,
+    stub_delay_s: float | None = None,
     **settings: str,
 ) -> Iterator[KeyedServer]:
     """The body of a session fixture named ``fixture``: a server requiring keys, on a fresh
     database named after ``database``, started, not waited for (``START_AHEAD``); it stops,
-    then its database goes, after the last test of the run that uses it."""
+    then its database goes, after the last test of the run that uses it. With ``stub_delay_s``
+    it runs the stub engine at that pace, else vLLM."""
     from tests.support.pg import postgres_database  # (it imports this module)
 
     databases = postgres_database(database)
@@ -315,7 +308,7 @@ def _keyed_server(
         "RAG_STREAM_SECURITY__REQUIRE_KEYS": "true",
         **settings,
     }
-    server = server_factory(wait=False, data_dir=data, **env)
+    server = server_factory(wait=False, data_dir=data, stub_delay_s=stub_delay_s, **env)
 
     def stop() -> None:
         server.stop()
@@ -334,23 +327,22 @@ TENANTS_PREFIX = f"{SESSION_PREFIX}-tenants"
 def tenant_server_start(
     request: pytest.FixtureRequest,
     server_factory: ServerFactory,
-    tiny_model: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[KeyedServer]:
-    """test_tenants.py's server: the tiny model, small limits."""
+    """test_tenants.py's server: the paced stub engine (what it checks happens before and
+    around generation; keys on vLLM are the chat page's server's), small limits."""
     yield from _keyed_server(
         request,
         server_factory,
         tmp_path_factory,
         "tenant_server_start",
         "rag_stream_tenants",
-        RAG_STREAM_MODEL=str(tiny_model),
+        stub_delay_s=STUB_DELAY_S,
         RAG_STREAM_LIMITS__PER_TENANT_ACTIVE="2",
         RAG_STREAM_LIMITS__REQUESTS_PER_MINUTE="400",
         RAG_STREAM_LIMITS__MAX_ACTIVE_STREAMS="3",
         RAG_STREAM_LIMITS__MAX_QUEUED="1",
-        # long streams (the tiny model makes hundreds of tokens a second)
-        RAG_STREAM_ENGINE__MAX_MODEL_LEN="8192",
+        # streams long enough to be running while a test does things around them
         RAG_STREAM_LIMITS__MAX_TOKENS="8000",
         RAG_STREAM_STREAMING__KEY_PREFIX=TENANTS_PREFIX,
     )
@@ -420,9 +412,8 @@ START_AHEAD = {
     "test_detokenize_smollm2.py": "speculative_servers_start",
     "test_job_redis_faults.py": "jobs_servers_start",
     "test_jobs.py": "kv_engines_start",
-    "test_soak_short.py": "takeover_servers_start",
-    "test_takeover.py": "tenant_server_start",
-    "test_tenants.py": "chat_page_server_start",  # tests/e2e runs last (``testpaths``)
+    "test_soak_short.py": "takeover_victim_start",
+    "test_takeover.py": "chat_page_server_start",  # tests/e2e runs last (``testpaths``)
 }
 
 
