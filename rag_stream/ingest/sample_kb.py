@@ -86,8 +86,14 @@ def start_sample_kb(
             kept = None
             if settings.ingest.sample_kb_vectors:
                 path = settings.resolved_models_dir / FILE_NAME
-                made_by = embedder_id(ingestor.embedder, settings.resolved_embedder)
-                kept = await anyio.to_thread.run_sync(SampleVectors.load, path, made_by)
+                embedder = ingestor.embedder
+
+                def load() -> SampleVectors:
+                    return SampleVectors.load(
+                        path, embedder_id(embedder, settings.resolved_embedder)
+                    )
+
+                kept = await anyio.to_thread.run_sync(load)
             await ingest_sample_kb(sessions, ingestor, kept=kept)
         except Exception as exc:
             log.warning("sample kb: ingestion failed: %s", exc)

@@ -135,5 +135,15 @@ class MemoEmbedder:
 
 
 def embedder_id(embedder: Embedder, name_or_path: str) -> str:
-    """What a kept vector was made by: the model and the backend that ran it."""
-    return f"{name_or_path}|{getattr(embedder, 'backend', type(embedder).__name__)}"
+    """What a kept vector was made by: the model (for a folder, its files' names, sizes and
+    times too: a model prepared again there makes its vectors anew), the backend that ran it
+    and the vectors' size. Blocking (reads the folder)."""
+    backend = getattr(embedder, "backend", type(embedder).__name__)
+    folder = Path(name_or_path)
+    files = []
+    if folder.is_dir():
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            stat = path.stat()
+            files.append(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}")
+    model = hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
+    return f"{name_or_path}|{model}|{backend}|{embedder.dimension}"

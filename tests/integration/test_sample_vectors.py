@@ -140,3 +140,22 @@ async def test_an_unreadable_file_or_an_unwritable_folder_changes_only_the_time(
         hits, kept = await _ingest(tmp_path / "two", models_dir, docs, blocked / FILE_NAME)
     assert hits == reference
     assert "cannot keep its vectors" in caplog.text and kept.added > 0  # kept in memory only
+
+
+def test_a_model_prepared_again_or_another_size_of_vector_is_another_embedder(
+    tmp_path: Path,
+) -> None:
+    class Made:
+        backend = "onnx"
+        dimension = 384
+
+    folder = tmp_path / "model"
+    (folder / "onnx").mkdir(parents=True)
+    (folder / "onnx" / "model.onnx").write_bytes(b"weights")
+    first = embedder_id(Made(), str(folder))  # type: ignore[arg-type]
+    assert embedder_id(Made(), str(folder)) == first  # type: ignore[arg-type]
+    (folder / "onnx" / "model.onnx").write_bytes(b"other weights")
+    assert embedder_id(Made(), str(folder)) != first  # type: ignore[arg-type]
+    wider = Made()
+    wider.dimension = 768
+    assert embedder_id(wider, str(folder)) != embedder_id(Made(), str(folder))  # type: ignore[arg-type]
