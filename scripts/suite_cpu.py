@@ -27,8 +27,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-TICK = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.benchkit import busy_seconds, cmdline, cpu_seconds  # noqa: E402
 
 
 @dataclass
@@ -70,12 +72,6 @@ def kind_of(command: str, name: str) -> str:
     return "other: " + name
 
 
-def _busy_s() -> float:
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields[:8]) - idle) / TICK
-
-
 def sample(seen: dict[int, Seen], started: float) -> None:
     now = time.monotonic() - started
     for entry in os.scandir("/proc"):
@@ -83,14 +79,11 @@ def sample(seen: dict[int, Seen], started: float) -> None:
             continue
         pid = int(entry.name)
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            name = stat[stat.index("(") + 1 : stat.rindex(")")]
-            fields = stat.rsplit(")", 1)[1].split()
-            cpu = (int(fields[11]) + int(fields[12])) / TICK
+            cpu = cpu_seconds(pid)
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
             known = seen.get(pid)
             if known is None:
-                raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-                command = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+                command = cmdline(pid)
                 seen[pid] = Seen(kind_of(command, name), cpu, now, now, command[:160])
             else:
                 if "EngineCore" in name:
@@ -108,7 +101,7 @@ def main() -> int:
     command = args.command or ["make", "test"]
     seen: dict[int, Seen] = {}
     me = os.getpid()
-    started, busy_before = time.monotonic(), _busy_s()
+    started, busy_before = time.monotonic(), busy_seconds()
     done = threading.Event()
 
     def watch() -> None:
@@ -124,7 +117,7 @@ def main() -> int:
     status = subprocess.call(command, cwd=ROOT)
     done.set()
     watcher.join()
-    wall_s, busy_s = time.monotonic() - started, _busy_s() - busy_before
+    wall_s, busy_s = time.monotonic() - started, busy_seconds() - busy_before
     seen.pop(me, None)
     totals: dict[str, list[float]] = {}
     for process in seen.values():
