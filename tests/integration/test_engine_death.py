@@ -1,7 +1,11 @@
 """An in-process engine whose core dies mid-stream: the process leaves its streams to a peer
 (no error event) and stops itself with exit status 1, so a supervisor restarts it. Found by the
 chaos campaign (scripts/chaos.py): every stream of the process used to end with
-``engine_unavailable`` while a peer could have finished it."""
+``engine_unavailable`` while a peer could have finished it.
+
+The victim drafts tokens (prompt-lookup speculative decoding, the product's default) and the peer
+does not: the text is the same all the same. It is test_drafts.py's SmolLM2 server, which that
+module, run before this one, has checked (``drafting_smollm2_start``)."""
 
 from __future__ import annotations
 
@@ -24,10 +28,10 @@ BODY = {
 
 
 def test_a_stream_whose_engine_core_dies_is_finished_by_a_peer(
-    smollm2_server: ServerProcess, engine_death_victim_start: ServerProcess
+    smollm2_server: ServerProcess, drafting_smollm2_start: ServerProcess
 ) -> None:
-    survivor = smollm2_server  # SmolLM2 on the same Redis
-    victim = engine_death_victim_start  # started a few modules ahead (session_servers.py)
+    survivor = smollm2_server  # SmolLM2 on the same Redis, without drafts
+    victim = drafting_smollm2_start  # started a few modules ahead (session_servers.py)
     victim.wait_ready()
     r = httpx.post(survivor.url + "/v1/generate", json={**BODY, "stream": False}, timeout=300)
     expected = r.raise_for_status().json()

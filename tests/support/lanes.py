@@ -36,7 +36,7 @@ ENGINE_MODULES = frozenset(
         "test_default_stack.py",
         "test_detokenize_smollm2.py",
         "test_engine_death.py",
-        "test_engine_speculative.py",
+        "test_drafts.py",
         "test_generate_stream.py",
         "test_input_bounds.py",
         "test_job_redis_faults.py",

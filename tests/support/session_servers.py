@@ -58,11 +58,11 @@ ENGINE_FIXTURES = (
     "takeover_victim_start",
     "jobs_servers_start",
     "smollm2_server_start",
-    "engine_death_victim_start",
+    "drafting_smollm2_start",
     "chat_page_server_start",
     "cluster_start",
     "kv_engines_start",
-    "speculative_servers_start",
+    "drafting_tiny_start",
 )
 
 
@@ -224,11 +224,22 @@ def smollm2_server(smollm2_server_start: ServerProcess) -> ServerProcess:
 
 
 @pytest.fixture(scope="session")
-def engine_death_victim_start(
+def drafting_smollm2_start(
     request: pytest.FixtureRequest, server_factory: ServerFactory, smollm2_path: Path
 ) -> ServerProcess:
-    """test_engine_death.py's victim, started, not waited for."""
-    return _smollm2_on_redis(request, server_factory, smollm2_path, "engine_death_victim_start")
+    """SmolLM2 with prompt-lookup drafts on (``engine.speculative: ngram``, the product's
+    default; the test profile's is off), on the real Redis, started, not waited for.
+    test_drafts.py compares its greedy text with ``smollm2_server``'s; then test_engine_death.py,
+    which comes after it, kills its engine core, and ``smollm2_server`` (no drafts) finishes the
+    stream: one SmolLM2 start for both."""
+    server = server_factory(
+        wait=False,
+        RAG_STREAM_MODEL=str(smollm2_path),
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        RAG_STREAM_ENGINE__SPECULATIVE="ngram",
+    )
+    release_after_last_user(request, "drafting_smollm2_start", server.stop)
+    return server
 
 
 # Where the speculative tiny server saves KV blocks (its own, not the tiny server's)
@@ -236,32 +247,26 @@ SPECULATIVE_KV_PREFIX = f"{SESSION_PREFIX}-kv-spec"
 
 
 @pytest.fixture(scope="session")
-def speculative_servers_start(
-    request: pytest.FixtureRequest,
-    server_factory: ServerFactory,
-    tiny_model: Path,
-    smollm2_path: Path,
-) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    """test_engine_speculative.py's servers, the tiny model's and SmolLM2's, with prompt-lookup
-    speculative decoding on (the tiny one with KV snapshots, as ``tiny_server``), started, not
-    waited for."""
-    spec = {"RAG_STREAM_ENGINE__SPECULATIVE": "ngram", "RAG_STREAM_REDIS_URL": REDIS_URL}
-    tiny = server_factory(
+def drafting_tiny_start(
+    request: pytest.FixtureRequest, server_factory: ServerFactory, tiny_model: Path
+) -> Iterator[ServerProcess]:
+    """The tiny model with prompt-lookup drafts and KV snapshots on (as ``tiny_server``, whose
+    text test_drafts.py compares it with), on the real Redis, started, not waited for."""
+    server = server_factory(
         wait=False,
         RAG_STREAM_MODEL=str(tiny_model),
+        RAG_STREAM_REDIS_URL=REDIS_URL,
+        RAG_STREAM_ENGINE__SPECULATIVE="ngram",
         RAG_STREAM_KV__ENABLED="true",
         RAG_STREAM_KV__KEY_PREFIX=SPECULATIVE_KV_PREFIX,
-        **spec,
     )
-    smollm2 = server_factory(wait=False, RAG_STREAM_MODEL=str(smollm2_path), **spec)
 
     def stop() -> None:
-        tiny.stop()
-        smollm2.stop()
+        server.stop()
         drop_keys(REDIS_URL, SPECULATIVE_KV_PREFIX)
 
-    release_after_last_user(request, "speculative_servers_start", stop)
-    yield tiny, smollm2
+    release_after_last_user(request, "drafting_tiny_start", stop)
+    yield server
     stop()
 
 
@@ -408,8 +413,8 @@ START_AHEAD = {
     # (test_conversation_list and test_database_restart run in-process now, in seconds: the
     # default server, SmolLM2 and the sample KB, needs the modules before them too)
     "test_coalesce.py": "default_server_start",
-    "test_default_stack.py": "engine_death_victim_start",
-    "test_detokenize_smollm2.py": "speculative_servers_start",
+    "test_default_stack.py": "drafting_smollm2_start",
+    "test_detokenize_smollm2.py": "drafting_tiny_start",
     "test_job_redis_faults.py": "jobs_servers_start",
     "test_jobs.py": "kv_engines_start",
     "test_soak_short.py": "takeover_victim_start",

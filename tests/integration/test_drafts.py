@@ -2,7 +2,10 @@
 greedy text comes, never the text: a server with it on answers exactly as a server of the same
 model without it, on the tiny model (with KV snapshots on, as ``tiny_server``) and on SmolLM2,
 float32. The prompts repeat a passage (and the tiny model, random, repeats itself), so drafts are
-proposed and accepted; vLLM's own counters, on the server's /metrics, show that they were."""
+proposed and accepted; vLLM's own counters, on the server's /metrics, show that they were.
+
+The SmolLM2 server with drafts goes on to test_engine_death.py, which comes after this module and
+kills its engine core mid-stream (``drafting_smollm2_start``)."""
 
 from __future__ import annotations
 
@@ -34,18 +37,21 @@ def _generate(server: ServerProcess, body: dict[str, object]) -> dict[str, objec
 
 
 @pytest.fixture(scope="module")
-def servers(
-    speculative_servers_start: tuple[ServerProcess, ServerProcess],
-) -> tuple[ServerProcess, ServerProcess]:
-    for server in speculative_servers_start:
-        server.wait_ready()
-    return speculative_servers_start
+def drafting_tiny(drafting_tiny_start: ServerProcess) -> ServerProcess:
+    drafting_tiny_start.wait_ready()
+    return drafting_tiny_start
+
+
+@pytest.fixture(scope="module")
+def drafting_smollm2(drafting_smollm2_start: ServerProcess) -> ServerProcess:
+    drafting_smollm2_start.wait_ready()
+    return drafting_smollm2_start
 
 
 def test_greedy_text_on_the_tiny_model_is_the_same_with_drafts(
-    servers: tuple[ServerProcess, ServerProcess], tiny_server: ServerProcess
+    drafting_tiny: ServerProcess, tiny_server: ServerProcess
 ) -> None:
-    speculative = servers[0]
+    speculative = drafting_tiny
     before = accepted_drafts(speculative.url)
     for prompt in PROMPTS:
         plain = _generate(tiny_server, {"prompt": prompt})
@@ -56,9 +62,9 @@ def test_greedy_text_on_the_tiny_model_is_the_same_with_drafts(
 
 
 def test_greedy_text_on_smollm2_is_the_same_with_drafts(
-    servers: tuple[ServerProcess, ServerProcess], smollm2_server: ServerProcess
+    drafting_smollm2: ServerProcess, smollm2_server: ServerProcess
 ) -> None:
-    speculative = servers[1]
+    speculative = drafting_smollm2
     before = accepted_drafts(speculative.url)
     for body in ({"prompt": CHAT, "chat": True}, {"prompt": PROMPTS[0]}):
         plain = _generate(smollm2_server, body)
