@@ -18,8 +18,11 @@ from rag_stream.store.keys import KeyOwner
 from rag_stream.streaming.service import Streams
 from rag_stream.streaming.start_keys import HEADER, MAX_CHARS, StartKey
 
+# The dependencies are coroutines even where they do not wait: FastAPI runs a plain function
+# in its thread pool, a hand-off to a worker thread and back on every request.
 
-def get_resources(request: Request) -> Resources:
+
+async def get_resources(request: Request) -> Resources:
     resources: Resources = request.app.state.resources
     return resources
 
@@ -27,19 +30,19 @@ def get_resources(request: Request) -> Resources:
 ResourcesDep = Annotated[Resources, Depends(get_resources)]
 
 
-def get_settings(resources: ResourcesDep) -> Settings:
+async def get_settings(resources: ResourcesDep) -> Settings:
     return resources.settings
 
 
-def get_streams(resources: ResourcesDep) -> Streams:
+async def get_streams(resources: ResourcesDep) -> Streams:
     return resources.streams
 
 
-def get_ingestor(resources: ResourcesDep) -> Ingestor:
+async def get_ingestor(resources: ResourcesDep) -> Ingestor:
     return resources.ingestor
 
 
-def get_retriever(resources: ResourcesDep) -> Retriever:
+async def get_retriever(resources: ResourcesDep) -> Retriever:
     return resources.retriever
 
 
