@@ -1,6 +1,7 @@
 """Two settings of the in-process engine side by side: prompt-lookup speculative decoding off
-and on (``--compare speculative``, issue 37 item 1), or the engine's CPU threads, 1 and 2
-(``--compare threads``, item 2).
+and on (``--compare speculative``, issue 37 item 1), the engine's CPU threads, 1 and 2
+(``--compare threads``, item 2), or its CPU executor, ``uni`` on 2 threads (the default) and
+vLLM's own ``mp`` (``--compare executor``, item 2).
 
 Two `rag-stream serve` processes on the same SmolLM2 engine settings (float32, greedy, prefix
 caching; scripts/benchkit.py ``engine_env``) but the one compared, each with the sample KB `docs`
@@ -15,7 +16,8 @@ servers alternating which goes first each round (the other is idle meanwhile):
 
 Each request is asked of both servers; per request: time to the last token (the request's wall
 time; a job's from creation to its end), TTFT (`timings.ttft_ms`, answers and chat), decode
-tokens/s, whether the text is identical, and the sources the answer or job retrieved (each
+tokens/s, the API process's own time before the engine (`timings.queue_ms` and
+`retrieval_ms`), whether the text is identical, and the sources the answer or job retrieved (each
 server searches a KB of its own, so prompts are the same only where these are). With
 ``speculative``, vLLM's own draft counters (on /metrics) give the acceptance rate.
 
@@ -23,6 +25,8 @@ server searches a KB of its own, so prompts are the same only where these are). 
         --concurrency 1,4,8 --out docs/bench/speculative.json
     .venv/bin/python scripts/bench_engine_options.py --compare threads --rounds 2 \
         --concurrency 1,4,8 --workloads answers,chat --out docs/bench/engine-threads.json
+    .venv/bin/python scripts/bench_engine_options.py --compare executor --rounds 3 \
+        --concurrency 1,4,8 --workloads answers,chat --out docs/bench/engine-executor.json
 """
 
 from __future__ import annotations
@@ -65,6 +69,11 @@ COMPARISONS: dict[str, tuple[tuple[str, dict[str, str]], tuple[str, dict[str, st
     "threads": (
         ("1", {"RAG_STREAM_ENGINE__CPU_THREADS": "1"}),
         ("2", {"RAG_STREAM_ENGINE__CPU_THREADS": "2"}),
+    ),
+    # mp takes no cpu_threads: vLLM binds its worker's threads itself (VLLM_CPU_OMP_THREADS_BIND)
+    "executor": (
+        ("uni", {"RAG_STREAM_ENGINE__CPU_EXECUTOR": "uni", "RAG_STREAM_ENGINE__CPU_THREADS": "2"}),
+        ("mp", {"RAG_STREAM_ENGINE__CPU_EXECUTOR": "mp"}),
     ),
 }
 QUESTIONS = (
@@ -147,6 +156,9 @@ def ask(server: ServerProcess, workload: str, i: int, max_tokens: int) -> dict[s
         decode_s = timings["decode_ms"] / 1000
         n = tokens["completion_tokens"]
         done["ttft_ms"] = timings["ttft_ms"]
+        # the API process's own part before the engine: admission wait and retrieval
+        done["queue_ms"] = timings["queue_ms"]
+        done["retrieval_ms"] = timings["retrieval_ms"]
         done["tokens_per_s"] = (n - 1) / decode_s if n > 1 and decode_s > 0 else None
     return done
 
@@ -216,6 +228,9 @@ def main() -> int:
                     ttft = [m["ttft_ms"] for m in measured[side] if m.get("ttft_ms") is not None]
                     tps = [m["tokens_per_s"] for m in measured[side] if m.get("tokens_per_s")]
                     row[f"ttft_ms_{side}"] = summary(ttft) if ttft else None
+                    for part in ("queue_ms", "retrieval_ms"):
+                        seen = [m[part] for m in measured[side] if m.get(part) is not None]
+                        row[f"{part}_{side}"] = summary(seen) if seen else None
                     row[f"tokens_per_s_{side}"] = summary(tps) if tps else None
                 row["speedup_last_token"] = ratio(
                     row[f"last_token_s_{before}"]["p50"], row[f"last_token_s_{after}"]["p50"]

@@ -17,7 +17,8 @@ Part B, the SSE layer alone: the stub engine (scripts/bench_streams.py) emitting
 many concurrent streams; SSE events (every event, a token event once whatever it carries) and
 tokens per server CPU-second, with ``streaming.checkpoint`` on and off, each with the request field
 ``coalesce: {"tokens": 3, "ms": 20}`` and without (recorded as "unsupported" if the server
-answers 422 for it). The variants' order alternates by round.
+answers 422 for it). The variants' order alternates by round. With ``--stub-requests N``, also
+N streams of 2 tokens, 8 at a time, per server and round: the server's CPU per request.
 
     .venv/bin/python scripts/bench_gateway.py --out docs/bench/gateway.json
 """
@@ -295,6 +296,28 @@ async def stub_batch(
 
 
 STUB_METRICS = ("events_per_cpu_s", "tokens_per_cpu_s", "events_per_s")
+SHORT_CONCURRENCY = 8  # the per-request measure: this many 2-token streams at a time
+
+
+async def stub_requests(server: ServerProcess, n: int) -> dict[str, float]:
+    """``n`` streams of 2 tokens, SHORT_CONCURRENCY at a time: what a request costs the
+    server's process apart from its tokens (admission, the stream's records, the response)."""
+    body = {"prompt": "bench", "max_tokens": 2}
+    queue = list(range(n))
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while queue:
+            queue.pop()
+            async with client.stream("POST", "/v1/generate", json=body) as response:
+                async for _ in timed_frames(response):
+                    pass
+
+    limits = httpx.Limits(max_connections=SHORT_CONCURRENCY)
+    async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
+        cpu0, wall0 = cpu_seconds(server.proc.pid), time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(SHORT_CONCURRENCY)))
+        wall, cpu = time.perf_counter() - wall0, cpu_seconds(server.proc.pid) - cpu0
+    return {"requests": n, "wall_s": round(wall, 3), "cpu_ms_per_request": round(cpu / n * 1000, 2)}
 
 
 def stub_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str, Any]:
@@ -326,6 +349,18 @@ def stub_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[str,
             | {"rounds": runs}
             for name, runs in rows.items()
         }
+        if args.stub_requests:
+            short: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
+            for rnd in range(args.stub_rounds):
+                for name in alternate(list(servers), rnd):
+                    row = asyncio.run(stub_requests(servers[name], args.stub_requests))
+                    print(f"stub requests round {rnd} {name}:", row, flush=True)
+                    short[name].append(row)
+            report["per_request"] = {
+                name: {"cpu_ms_per_request": summary(r["cpu_ms_per_request"] for r in runs)}
+                | {"rounds": runs}
+                for name, runs in short.items()
+            }
     finally:
         for server in servers.values():
             server.stop()
@@ -357,6 +392,10 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         for name, v in report["stub"]["variants"].items():
             lines.append(f"| {name} | {' | '.join(cell(v[k]) for k in STUB_METRICS)} |")
+        if "per_request" in report["stub"]:
+            lines += ["", "| server | CPU ms per 2-token request |", "|---|---|"]
+            for name, v in report["stub"]["per_request"].items():
+                lines.append(f"| {name} | {cell(v['cpu_ms_per_request'])} |")
     return "\n".join(lines)
 
 
@@ -374,6 +413,13 @@ def main() -> None:
     ints = {"rounds": 3, "max-tokens": 64, "stub-rounds": 3, "stub-streams": 32, "stub-tokens": 500}
     for name, default in ints.items():
         parser.add_argument(f"--{name}", type=int, default=default, help=f"default {default}")
+    parser.add_argument(
+        "--stub-requests",
+        type=int,
+        default=0,
+        help="part B also: this many 2-token streams, 8 at a time, per server and round: the "
+        "server's CPU per request (0: not measured)",
+    )
     parser.add_argument(
         "--redis",
         choices=("tcp", "unix"),
