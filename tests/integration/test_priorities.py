@@ -8,6 +8,10 @@ request ends, before the three that came earlier; under ``fcfs`` it starts last,
 fails if the class never reaches the engine. Requests are planned by the ``generate`` kind, as
 the API plans them, and sent with their plan's sampling, as the token phase sends them.
 
+The engine cores are stopped (SIGSTOP, tests/support/brake.py) while the four queue up, so the
+running request cannot end before they are all waiting, however slow the machine; it then needs
+only a few steps more than the engine takes to read them.
+
 Each policy is one module fixture that runs the scenario on its engine and returns the order in
 which the requests got their first token; both engines start at once, when the module begins.
 """
@@ -15,6 +19,7 @@ which the requests got their first token; both engines start at once, when the m
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -31,15 +36,16 @@ from rag_stream.kinds.generate.kind import GenerateKind
 from rag_stream.metrics import Metrics
 from rag_stream.schemas.generate import Coalesce, GenerateRequest
 from rag_stream.settings import load_settings
+from tests.support.brake import Brake, engine_cores
 
 pytestmark = pytest.mark.engine
 
 Policy = Literal["priority", "fcfs"]
 LONG_PROMPT = 64  # tokens: limits.long_prompt_tokens here
 # (name, priority asked for, prompt, tokens), in the order they are sent. The first keeps the
-# engine busy (a few seconds on the tiny model) while the others queue behind it.
+# engine busy while the others queue behind it.
 REQUESTS = [
-    ("running", "batch", "The first request.", 1000),
+    ("running", "batch", "The first request.", 200),
     ("batch-1", "batch", "The second request.", 40),
     ("batch-2", "batch", "The third request.", 40),
     ("long", "interactive", "A long prompt. " + "word " * 2 * LONG_PROMPT, 40),
@@ -69,9 +75,14 @@ async def _first_tokens(engine: VLLMEngine, kind: GenerateKind) -> dict[str, flo
 
     tasks = [asyncio.create_task(one(*REQUESTS[0]))]
     await asyncio.wait_for(running.wait(), 60)
-    for request in REQUESTS[1:]:
-        tasks.append(asyncio.create_task(one(*request)))
-        await asyncio.sleep(0.05)  # arrival order is what fcfs goes by
+    brake = Brake(engine_cores(os.getpid()))  # this process's engines (both policies')
+    brake.stop()
+    try:
+        for request in REQUESTS[1:]:
+            tasks.append(asyncio.create_task(one(*request)))
+            await asyncio.sleep(0.05)  # arrival order is what fcfs goes by
+    finally:
+        brake.release()
     await asyncio.wait_for(asyncio.gather(*tasks), 120)
     return first
 
@@ -97,6 +108,9 @@ async def engines(tiny_model: Path) -> AsyncIterator[dict[Policy, asyncio.Task[V
                 "kv_cache_gb": 0.25,
                 "max_num_seqs": 1,
                 "scheduling_policy": policy,
+                # one thread, as the test profile: on two cores shared with the other lane, a
+                # second thread waits on a busy core at every step (drafts stay on, the default)
+                "cpu_threads": 1,
             },
         )
         return asyncio.create_task(VLLMEngine.start(settings))
