@@ -291,7 +291,10 @@ def test_a_dropped_stream_resumes_in_the_chat_format(
         c["choices"][0]["delta"].get("content") or "" for c in seen + chunks if c["choices"]
     )
     assert text == whole["choices"][0]["message"]["content"]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # as the uninterrupted answer ended: "length" mostly; the random tiny model, on this run's
+    # fresh prompt, can also reach its end-of-sequence token first ("stop")
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert whole["choices"][0]["finish_reason"] in ("length", "stop")
 
 
 def test_cancel_ends_a_chat_stream_with_stop_reason_cancelled(stub_server: ServerProcess) -> None:

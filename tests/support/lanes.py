@@ -4,8 +4,8 @@ keeps one core busy; a test waiting on a stream, a timer or a subprocess, none).
 
 - ``engines``: the modules that share the session's vLLM servers and multi-process set-ups
   (tests/support/session_servers.py), so that each shared process starts ahead of its module
-  and stops after its last user, as in a serial run; and two modules without an engine, the
-  soak and the ingest service's, which even the two lanes' times.
+  and stops after its last user, as in a serial run; and one module without an engine, the
+  ingest service's, which evens the two lanes' times.
 - ``service``: everything else: unit tests, the in-process app (tests/support/inprocess.py),
   stub-engine servers, the CLIs, fuzzing.
 
@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
-# modules whose tests start or share a vLLM engine (and two that even the lanes); any other is
+# modules whose tests start or share a vLLM engine (and one that evens the lanes); any other is
 # in the service lane
 ENGINE_MODULES = frozenset(
     {
@@ -45,8 +45,7 @@ ENGINE_MODULES = frozenset(
         "test_kv_restore.py",
         "test_kv_server.py",
         "test_process_group.py",
-        "test_soak_short.py",  # no engine: it evens the lanes
-        "test_ingest_service.py",  # no engine: it evens the lanes too
+        "test_ingest_service.py",  # no engine: it evens the lanes
         "test_resume.py",
         "test_takeover.py",
         "test_chat_page.py",

@@ -417,7 +417,7 @@ START_AHEAD = {
     "test_detokenize_smollm2.py": "drafting_tiny_start",
     "test_job_redis_faults.py": "jobs_servers_start",
     "test_jobs.py": "kv_engines_start",
-    "test_soak_short.py": "takeover_victim_start",
+    "test_process_group.py": "takeover_victim_start",
     "test_takeover.py": "chat_page_server_start",  # tests/e2e runs last (``testpaths``)
 }
 
