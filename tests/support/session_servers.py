@@ -198,11 +198,18 @@ def jobs_servers_start(
 
 
 def _smollm2_on_redis(
-    request: pytest.FixtureRequest, server_factory: ServerFactory, model: Path, fixture: str
+    request: pytest.FixtureRequest,
+    server_factory: ServerFactory,
+    model: Path,
+    fixture: str,
+    **settings: str,
 ) -> ServerProcess:
     """The body of a session fixture named ``fixture``: a SmolLM2 server on the real Redis
-    (test profile), started, not waited for; stopped after the last test that uses it."""
-    server = server_factory(wait=False, RAG_STREAM_MODEL=str(model), RAG_STREAM_REDIS_URL=REDIS_URL)
+    (test profile, and ``settings``), started, not waited for; stopped after the last test that
+    uses it."""
+    server = server_factory(
+        wait=False, RAG_STREAM_MODEL=str(model), RAG_STREAM_REDIS_URL=REDIS_URL, **settings
+    )
     release_after_last_user(request, fixture, server.stop)
     return server
 
@@ -232,14 +239,13 @@ def drafting_smollm2_start(
     test_drafts.py compares its greedy text with ``smollm2_server``'s; then test_engine_death.py,
     which comes after it, kills its engine core, and ``smollm2_server`` (no drafts) finishes the
     stream: one SmolLM2 start for both."""
-    server = server_factory(
-        wait=False,
-        RAG_STREAM_MODEL=str(smollm2_path),
-        RAG_STREAM_REDIS_URL=REDIS_URL,
+    return _smollm2_on_redis(
+        request,
+        server_factory,
+        smollm2_path,
+        "drafting_smollm2_start",
         RAG_STREAM_ENGINE__SPECULATIVE="ngram",
     )
-    release_after_last_user(request, "drafting_smollm2_start", server.stop)
-    return server
 
 
 # Where the speculative tiny server saves KV blocks (its own, not the tiny server's)
