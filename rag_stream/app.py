@@ -58,6 +58,7 @@ from rag_stream.retrieval.stores import open_sparse_encoder, open_vector_store
 from rag_stream.settings import Settings, load_settings
 from rag_stream.store.db import create_db
 from rag_stream.store.keys import KeyRing
+from rag_stream.store.recorder import StreamRecorder
 from rag_stream.streaming.admission import Admission
 from rag_stream.streaming.coalesce import (
     CoalescePolicy,
@@ -200,7 +201,9 @@ def create_app(
             if settings.streaming.checkpoint
             else MemoryEventLog()
         )
-        deps = KindDeps(engines, sessions, retriever, metrics, settings)
+        records = StreamRecorder(sessions)
+        stack.push_async_callback(records.close)  # after the streams, before the database
+        deps = KindDeps(engines, sessions, records, retriever, metrics, settings)
         kinds = KindSet([registered.build(deps) for registered in KINDS])
         limits = settings.limits
         quotas = Quotas(

@@ -16,6 +16,7 @@ from rag_stream.generation.slot import EngineSlot
 from rag_stream.metrics import Metrics
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.settings import Settings
+from rag_stream.store.recorder import StreamRecorder
 from rag_stream.streaming.event_log import StreamMeta
 from rag_stream.streaming.kinds import StreamKind, plan_error
 
@@ -28,6 +29,7 @@ class KindDeps:
 
     engines: EngineSlot
     sessions: async_sessionmaker[AsyncSession]
+    records: StreamRecorder
     retriever: Retriever
     metrics: Metrics
     settings: Settings
@@ -44,6 +46,7 @@ class BaseKind(Generic[PlanT]):
     def __init__(self, deps: KindDeps) -> None:
         self.engines = deps.engines
         self.sessions = deps.sessions
+        self.records = deps.records
         self.retriever = deps.retriever
         self.metrics = deps.metrics
         self.limits = deps.settings.limits

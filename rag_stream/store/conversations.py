@@ -12,7 +12,7 @@ from sqlalchemy.orm import selectinload
 from rag_stream.errors import NotFound
 from rag_stream.schemas.events import CitationBody, Done
 from rag_stream.store.models import Conversation, Message
-from rag_stream.store.streams import record_stream
+from rag_stream.store.streams import FinishedStream, record_streams
 
 
 async def get_conversation(
@@ -75,17 +75,17 @@ async def save_answer(
                     ),
                 ]
             )
-            await record_stream(
-                session,
+            record = FinishedStream(
                 tenant=tenant,
                 stream_id=stream_id,
                 kind="answer",
                 model=model,
-                conversation_id=conversation_id,
                 finish_reason=done.finish_reason,
                 text=answer,
                 usage=usage,
+                conversation_id=conversation_id,
             )
+            await record_streams(session, [record])
             try:
                 await session.commit()
                 return

@@ -3,74 +3,56 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from rag_stream.schemas.tenants import UsageTotals
 from rag_stream.store.models import StreamRecord, utcnow
 
 
-async def record_stream(
-    session: AsyncSession,
-    *,
-    tenant: str,
-    stream_id: str,
-    kind: str,
-    model: str,
-    conversation_id: str | None,
-    finish_reason: str,
-    text: str,
-    usage: dict[str, Any],
-) -> None:
-    """Insert the record, or replace it: a process that takes a stream over may finish it again
-    after the first one recorded it and died before ending the log. One statement (an upsert),
-    where an ORM merge would read the row first."""
-    values = {
-        "id": stream_id,
-        "tenant": tenant,
-        "prompt_tokens": int(usage.get("prompt_tokens", 0)),
-        "cached_tokens": int(usage.get("cached_tokens", 0)),
-        "completion_tokens": int(usage.get("completion_tokens", 0)),
-        "kind": kind,
-        "model": model,
-        "conversation_id": conversation_id,
-        "finish_reason": finish_reason,
-        "text": text,
-        "usage": usage,
-        "created_at": utcnow(),
-    }
+@dataclass(frozen=True)
+class FinishedStream:
+    """An ended stream's record: what ``GET /v1/usage`` and the stream's history read back."""
+
+    tenant: str
+    stream_id: str
+    kind: str
+    model: str
+    finish_reason: str
+    text: str
+    usage: dict[str, Any]
+    conversation_id: str | None = None
+
+
+async def record_streams(session: AsyncSession, records: Sequence[FinishedStream]) -> None:
+    """Insert the records in the session's transaction, or replace them: a process that takes a
+    stream over may finish it again after the first one recorded it and died before ending the
+    log. One statement (an upsert), where an ORM merge would read each row first. (Streams of no
+    conversation are recorded through ``recorder.StreamRecorder``, in batches.)"""
+    values = [
+        {
+            "id": r.stream_id,
+            "tenant": r.tenant,
+            "prompt_tokens": int(r.usage.get("prompt_tokens", 0)),
+            "cached_tokens": int(r.usage.get("cached_tokens", 0)),
+            "completion_tokens": int(r.usage.get("completion_tokens", 0)),
+            "kind": r.kind,
+            "model": r.model,
+            "conversation_id": r.conversation_id,
+            "finish_reason": r.finish_reason,
+            "text": r.text,
+            "usage": r.usage,
+            "created_at": utcnow(),
+        }
+        for r in records
+    ]
     await session.execute(_upsert(session.get_bind().dialect.name), values)
-
-
-async def save_stream(
-    sessions: async_sessionmaker[AsyncSession],
-    *,
-    tenant: str,
-    stream_id: str,
-    kind: str,
-    model: str,
-    finish_reason: str,
-    text: str,
-    usage: dict[str, Any],
-) -> None:
-    """Record a stream that belongs to no conversation, in a transaction of its own."""
-    async with sessions() as session:
-        await record_stream(
-            session,
-            tenant=tenant,
-            stream_id=stream_id,
-            kind=kind,
-            model=model,
-            conversation_id=None,
-            finish_reason=finish_reason,
-            text=text,
-            usage=usage,
-        )
-        await session.commit()
 
 
 @functools.cache

@@ -102,7 +102,7 @@ async def _scenario(started: asyncio.Task[VLLMEngine]) -> list[str]:
     slot = EngineSlot()
     slot.set(engine)
     settings = load_settings(limits={"long_prompt_tokens": LONG_PROMPT})
-    kind = GenerateKind(KindDeps(slot, None, None, Metrics(), settings))  # type: ignore[arg-type]
+    kind = GenerateKind(KindDeps(slot, None, None, None, Metrics(), settings))  # type: ignore[arg-type]
     first = await _first_tokens(engine, kind)
     return sorted(first, key=first.__getitem__)
 

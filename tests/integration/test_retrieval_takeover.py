@@ -157,7 +157,7 @@ def test_a_takeover_after_some_citations_went_out_does_not_search_again() -> Non
         mmr=False,
         mode="hybrid",
     )
-    kind = AnswerKind(KindDeps(None, None, None, None, load_settings()))  # type: ignore[arg-type]
+    kind = AnswerKind(KindDeps(None, None, None, None, None, load_settings()))  # type: ignore[arg-type]
     logged = [
         StreamStarted(id=0, stream_id="s", model="m", created=0.0),
         Citation(

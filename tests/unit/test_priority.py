@@ -42,7 +42,7 @@ def _kind() -> GenerateKind:
     slot = EngineSlot()
     slot.set(stub_engine())  # one token per UTF-8 byte
     settings = load_settings(limits=LIMITS.model_dump())
-    return GenerateKind(KindDeps(slot, None, None, Metrics(), settings))  # type: ignore[arg-type]
+    return GenerateKind(KindDeps(slot, None, None, None, Metrics(), settings))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ from rag_stream.store.conversations import get_conversation, save_answer
 from rag_stream.store.db import retrying
 from rag_stream.store.models import new_id
 from rag_stream.store.repositories import resolve_kb
-from rag_stream.store.streams import save_stream
+from rag_stream.store.streams import FinishedStream
 from rag_stream.streaming.context import StreamContext
 
 
@@ -141,19 +141,16 @@ class AnswerRun:
             # ended before retrieval finished (cancelled, or left by every reader): nothing
             # was answered, so no conversation keeps it, but the stream is recorded as every
             # ended stream is (its text empty; GET /v1/usage counts the request)
-            await retrying(
-                partial(
-                    save_stream,
-                    self.kind.sessions,
-                    tenant=ctx.tenant,
-                    stream_id=ctx.stream_id,
-                    kind=self.kind.name,
-                    model=self.model,
-                    finish_reason=reason,
-                    text="",
-                    usage=Usage().model_dump(),
-                )
+            record = FinishedStream(
+                tenant=ctx.tenant,
+                stream_id=ctx.stream_id,
+                kind=self.kind.name,
+                model=self.model,
+                finish_reason=reason,
+                text="",
+                usage=Usage().model_dump(),
             )
+            await retrying(partial(self.kind.records.save, record))
             return Done(id=event_id, finish_reason=reason)
         text = self.out.text
         done = Done(

@@ -20,7 +20,7 @@ from rag_stream.kinds.generate.intent import Prompt
 from rag_stream.kinds.plan import TokenPlan
 from rag_stream.kinds.tokens import TokenOutput, token_phase
 from rag_stream.schemas.events import Done, ErrorEvent, Event, FinishReason
-from rag_stream.store.streams import save_stream
+from rag_stream.store.streams import FinishedStream
 from rag_stream.streaming.context import StreamContext
 
 
@@ -61,15 +61,16 @@ class GenerateRun:
         run = self.out.run
         run.finish_reason = reason
         usage = run.usage()
-        await save_stream(
-            self.kind.sessions,
-            tenant=ctx.tenant,
-            stream_id=ctx.stream_id,
-            kind=self.kind.name,
-            model=self.model,
-            finish_reason=reason,
-            text=self.out.text,
-            usage=usage.model_dump(),
+        await self.kind.records.save(
+            FinishedStream(
+                tenant=ctx.tenant,
+                stream_id=ctx.stream_id,
+                kind=self.kind.name,
+                model=self.model,
+                finish_reason=reason,
+                text=self.out.text,
+                usage=usage.model_dump(),
+            )
         )
         done = Done(
             id=event_id,

@@ -58,7 +58,7 @@ from rag_stream.store.jobs import (
     set_stream,
 )
 from rag_stream.store.repositories import resolve_kb
-from rag_stream.store.streams import save_stream
+from rag_stream.store.streams import FinishedStream
 from rag_stream.streaming.context import StreamContext
 
 logger = logging.getLogger(__name__)
@@ -243,15 +243,16 @@ class JobRun:
         status = "cancelled" if reason == "cancelled" else "completed" if complete else "failed"
         await save_sections(kind.sessions, self.plan.job_id, [_finished(s) for s in finished])
         await finish_job(kind.sessions, self.plan.job_id, status)
-        await save_stream(
-            kind.sessions,
-            tenant=ctx.tenant,
-            stream_id=ctx.stream_id,
-            kind=kind.name,
-            model=self.model,
-            finish_reason=reason,
-            text="",  # the document is in job_sections
-            usage=usage.model_dump(),
+        await kind.records.save(
+            FinishedStream(
+                tenant=ctx.tenant,
+                stream_id=ctx.stream_id,
+                kind=kind.name,
+                model=self.model,
+                finish_reason=reason,
+                text="",  # the document is in job_sections
+                usage=usage.model_dump(),
+            )
         )
         kind.metrics.observe_done(kind.name, done)
         return done

@@ -1,0 +1,87 @@
+"""Finished streams' records, written in batches.
+
+Streams that decode in step end in step: a batch of answers of one length ends at one engine
+step. Written one by one, each record costs a session, a connection (with SQLite, a thread of
+its own), a statement and a commit; here the records that are waiting when the writer comes
+round go in one statement and one commit. Nothing waits for company: an idle process writes a
+record at once, and records that arrive while a batch is being written form the next one.
+
+A stream's finish still waits for its own record (``save`` returns once it is committed), so a
+``done`` event is never sent before its record exists. A batch that fails is written again one
+record at a time, so one bad record fails only the stream it belongs to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from rag_stream.store.streams import FinishedStream, record_streams
+
+# Records per statement: bounds a statement's parameters (SQLite allows 32,766 per statement;
+# a record has 13 columns)
+MAX_BATCH = 256
+
+
+class StreamRecorder:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self._sessions = sessions
+        self._waiting: list[tuple[FinishedStream, asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def save(self, record: FinishedStream) -> None:
+        """Record a stream that belongs to no conversation; returns once it is committed."""
+        done = asyncio.get_running_loop().create_future()
+        done.add_done_callback(_retrieved)  # (a caller that left does not read its error)
+        self._waiting.append((record, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_waiting(), name="stream-records")
+        # a caller that is cancelled (shutdown) leaves its record to be written all the same
+        await asyncio.shield(done)
+
+    async def close(self) -> None:
+        """Wait for the records already handed over."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                await self._writer
+
+    async def _write_waiting(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
+            try:
+                await self._write([record for record, _ in batch])
+            except Exception as exc:
+                if len(batch) == 1:
+                    _settle(batch[0][1], exc)
+                    continue
+                for record, done in batch:  # find the record that failed, keep the others
+                    try:
+                        await self._write([record])
+                    except Exception as one:
+                        _settle(done, one)
+                    else:
+                        _settle(done, None)
+                continue
+            for _, done in batch:
+                _settle(done, None)
+
+    async def _write(self, records: list[FinishedStream]) -> None:
+        async with self._sessions() as session:
+            await record_streams(session, records)
+            await session.commit()
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    if not done.cancelled():
+        done.exception()
+
+
+def _settle(done: asyncio.Future[None], exc: BaseException | None) -> None:
+    if done.done():
+        return
+    if exc is None:
+        done.set_result(None)
+    else:
+        done.set_exception(exc)

@@ -1,0 +1,112 @@
+"""Finished streams' records (rag_stream/store/recorder.py) on the real SQLite and PostgreSQL:
+streams that end together are written in one transaction, each caller returns once its record
+is committed, and a record that cannot be written fails its own stream only."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqlalchemy import event, select
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from rag_stream.store.db import create_db
+from rag_stream.store.models import StreamRecord
+from rag_stream.store.recorder import StreamRecorder
+from rag_stream.store.streams import FinishedStream
+from tests.support.kb_stack import db_url  # noqa: F401
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[tuple[AsyncEngine, async_sessionmaker[AsyncSession]]]:  # noqa: F811
+    engine, sessions = create_db(db_url)
+    try:
+        yield engine, sessions
+    finally:
+        await engine.dispose()
+
+
+def _commits(engine: AsyncEngine) -> list[int]:
+    """A list that grows by one at every commit on ``engine``."""
+    seen: list[int] = []
+    event.listen(engine.sync_engine, "commit", lambda _conn: seen.append(1))
+    return seen
+
+
+def _record(n: int, **changes: Any) -> FinishedStream:
+    fields: dict[str, Any] = {
+        "tenant": "t",
+        "stream_id": f"s{n}",
+        "kind": "generate",
+        "model": "m",
+        "finish_reason": "length",
+        "text": f"text {n}",
+        "usage": {"prompt_tokens": n, "completion_tokens": 2 * n},
+    }
+    return FinishedStream(**(fields | changes))
+
+
+async def _rows(sessions: async_sessionmaker[AsyncSession]) -> dict[str, StreamRecord]:
+    async with sessions() as session:
+        found = (await session.execute(select(StreamRecord))).scalars().all()
+    return {r.id: r for r in found}
+
+
+async def test_streams_that_end_together_are_one_transaction(
+    db: tuple[AsyncEngine, async_sessionmaker[AsyncSession]],
+) -> None:
+    engine, sessions = db
+    recorder = StreamRecorder(sessions)
+    commits = _commits(engine)
+    await asyncio.gather(*(recorder.save(_record(n)) for n in range(40)))
+    # every caller returned after its record was committed: all 40 are there, in one commit
+    rows = await _rows(sessions)
+    assert sorted(rows) == sorted(f"s{n}" for n in range(40))
+    assert len(commits) == 1
+    assert rows["s7"].text == "text 7"
+    assert (rows["s7"].prompt_tokens, rows["s7"].completion_tokens) == (7, 14)
+    # one alone is written at once, in a transaction of its own
+    await recorder.save(_record(40))
+    assert len(commits) == 2
+    # a stream finished again (after a takeover) replaces its record
+    await asyncio.gather(
+        recorder.save(_record(3, text="again", finish_reason="stop")),
+        recorder.save(_record(41)),
+    )
+    rows = await _rows(sessions)
+    assert (rows["s3"].text, rows["s3"].finish_reason) == ("again", "stop")
+    assert len(rows) == 42
+    await recorder.close()
+
+
+async def test_a_record_that_cannot_be_written_fails_its_stream_only(
+    db: tuple[AsyncEngine, async_sessionmaker[AsyncSession]],
+) -> None:
+    _, sessions = db
+    recorder = StreamRecorder(sessions)
+    bad = _record(1, usage={"prompt_tokens": 1, "note": object()})  # not JSON
+    results = await asyncio.gather(
+        recorder.save(_record(0)),
+        recorder.save(bad),
+        recorder.save(_record(2)),
+        return_exceptions=True,
+    )
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], Exception)
+    assert sorted(await _rows(sessions)) == ["s0", "s2"]
+
+
+async def test_a_caller_that_leaves_still_has_its_record_written(
+    db: tuple[AsyncEngine, async_sessionmaker[AsyncSession]],
+) -> None:
+    _, sessions = db
+    recorder = StreamRecorder(sessions)
+    saving = asyncio.ensure_future(recorder.save(_record(5)))
+    await asyncio.sleep(0)  # handed over: the writer task has it
+    saving.cancel()  # the stream's task is cancelled (shutdown)
+    with pytest.raises(asyncio.CancelledError):
+        await saving
+    await recorder.close()  # what the app's shutdown waits for
+    assert list(await _rows(sessions)) == ["s5"]
