@@ -51,9 +51,9 @@ from scripts.benchkit import (  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 
-def serve_stub(port: int, code: Path | None = None) -> None:
+def serve_stub(port: int, code: Path | None = None, step_ms: float | None = None) -> None:
     """Run the real app with the stub engine (this script re-invoked with --serve-stub), from
-    ``code`` (another checkout's root) when given."""
+    ``code`` (another checkout's root) when given; with ``step_ms``, in lockstep (``Lockstep``)."""
     if code is not None:
         sys.path.insert(0, str(code))
     import uvicorn
@@ -70,11 +70,49 @@ def serve_stub(port: int, code: Path | None = None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(MODEL))
 
     async def stub(_: Settings) -> Engine:
+        if step_ms is not None:
+            return lockstep(StubEngine, step_ms / 1000)(
+                tokenizer, max_model_len=settings.engine.max_model_len
+            )
         return StubEngine(tokenizer, max_model_len=settings.engine.max_model_len)
 
     app = create_app(settings, engine_factory=stub)
     log = settings.data_dir / FIRST_BYTE_LOG
     uvicorn.run(timed_resumes(app, log), port=port, log_level="warning")
+
+
+def lockstep(stub: type[Any], step_s: float) -> type[Any]:
+    """The stub engine made to step as vLLM does: every ``step_s`` each running stream gets one
+    token, all in the same turn of the event loop (vLLM's output handler hands out one engine
+    step's outputs together). The plain stub emits as fast as it can, so its readers find
+    several tokens at each wake-up; here, as behind a real engine, every token is a wake-up of
+    its own. Made here rather than in the service's stub so that ``--code`` trees of any age
+    run it."""
+
+    class Lockstep(stub):  # type: ignore[misc,valid-type]
+        _tick: asyncio.Event | None = None
+
+        async def generate(self, request_id: str, prompt: Any, sampling: Any) -> Any:
+            from rag_stream.generation.engine import EngineStep
+
+            if Lockstep._tick is None:
+                Lockstep._tick = asyncio.Event()
+                asyncio.get_running_loop().create_task(_steps())
+            n_prompt = len(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
+            for i in range(sampling.max_tokens):
+                await Lockstep._tick.wait()
+                token = self._ids[(n_prompt + i) % len(self._ids)]
+                last = i == sampling.max_tokens - 1
+                yield EngineStep([token], n_prompt, 0, "length" if last else None)
+
+    async def _steps() -> None:
+        while True:
+            await asyncio.sleep(step_s)
+            tick, Lockstep._tick = Lockstep._tick, asyncio.Event()
+            assert tick is not None
+            tick.set()
+
+    return Lockstep
 
 
 FIRST_BYTE_LOG = "first_byte.jsonl"
@@ -112,10 +150,14 @@ STUB_MAX_TOKENS = 12_000
 
 
 def start_stub(
-    data: Path, redis_url: str, checkpoint: bool, code: Path | None = None
+    data: Path,
+    redis_url: str,
+    checkpoint: bool,
+    code: Path | None = None,
+    step_ms: float | None = None,
 ) -> ServerProcess:
     """The stub engine on SmolLM2's tokenizer (``serve_stub``), ready; the service's code from
-    ``code`` (another checkout) when given, else from this one."""
+    ``code`` (another checkout) when given, else from this one; in lockstep with ``step_ms``."""
     port = free_port()
     env = {
         "RAG_STREAM_REDIS_URL": redis_url,
@@ -126,6 +168,8 @@ def start_stub(
     stub = [sys.executable, __file__, "--serve-stub", str(port)]
     if code is not None:
         stub += ["--code", str(code)]
+    if step_ms is not None:
+        stub += ["--step-ms", str(step_ms)]
     server = start_rag_stream(data, env, profile="test", argv=stub, port=port)
     server.wait_ready(120)
     return server
@@ -346,6 +390,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--serve-stub", type=int)
     parser.add_argument("--code", type=Path, help="(with --serve-stub) run this checkout's code")
+    parser.add_argument("--step-ms", type=float, help="(with --serve-stub) the stub in lockstep")
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=500)
     parser.add_argument("--trials", type=int, default=20)
@@ -375,7 +420,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.serve_stub:
-        serve_stub(args.serve_stub, args.code)
+        serve_stub(args.serve_stub, args.code, args.step_ms)
         return
     if args.resume_tokens and max(args.resume_tokens) > STUB_MAX_TOKENS:
         parser.error(f"--resume-tokens: at most {STUB_MAX_TOKENS}")

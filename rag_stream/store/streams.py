@@ -6,9 +6,9 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -57,9 +57,11 @@ async def record_streams(session: AsyncSession, records: Sequence[FinishedStream
 
 @functools.cache
 def _upsert(dialect: str) -> Any:
-    """The statement, built once per dialect (the values come as parameters)."""
+    """The statement, built once per dialect (the values come as parameters). On the table, not
+    the ORM class: a Core statement, so several records go as one executemany without the ORM's
+    bulk-insert bookkeeping."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statement = insert(StreamRecord)
+    statement = insert(cast(Table, StreamRecord.__table__))
     replace = {
         column.name: statement.excluded[column.name]
         for column in StreamRecord.__table__.columns

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.store.db import create_db
 from rag_stream.store.models import Conversation, KnowledgeBase, Message, StreamRecord
-from rag_stream.store.streams import record_stream
+from rag_stream.store.streams import FinishedStream, record_streams
 
 # The fixture comes from tests/support/kb_stack.py; test arguments reuse its name.
 from tests.support.kb_stack import db_url  # noqa: F401
@@ -133,17 +133,19 @@ async def test_a_stream_record_is_written_once_and_replaced_by_a_second_finish(
     """A takeover may finish a stream its first process already recorded: one row, the last
     finish's values, NULs replaced as everywhere else, on every database."""
     sid = uuid.uuid4().hex
-    fields = {"kind": "generate", "model": "m", "conversation_id": None, "usage": {"n": 1}}
-    async with sessions() as session:
-        await record_stream(
-            session, tenant="t", stream_id=sid, finish_reason="length", text="ab", **fields
+    for reason, answer in (("length", "ab"), ("stop", "a\x00c")):
+        record = FinishedStream(
+            tenant="t",
+            stream_id=sid,
+            kind="generate",
+            model="m",
+            finish_reason=reason,
+            text=answer,
+            usage={"n": 1},
         )
-        await session.commit()
-    async with sessions() as session:
-        await record_stream(
-            session, tenant="t", stream_id=sid, finish_reason="stop", text="a\x00c", **fields
-        )
-        await session.commit()
+        async with sessions() as session:
+            await record_streams(session, [record])
+            await session.commit()
     async with sessions() as session:
         rows = (await session.scalars(select(StreamRecord).where(StreamRecord.id == sid))).all()
     assert [(r.finish_reason, r.text, r.usage) for r in rows] == [("stop", "a\ufffdc", {"n": 1})]
