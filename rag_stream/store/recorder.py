@@ -20,8 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rag_stream.store.streams import FinishedStream, record_streams
 
-# Records per statement: bounds a statement's parameters (SQLite allows 32,766 per statement;
-# a record has 13 columns)
+# Records per transaction: bounds how long one commit makes the next records wait
 MAX_BATCH = 256
 
 
@@ -48,24 +47,34 @@ class StreamRecorder:
                 await self._writer
 
     async def _write_waiting(self) -> None:
-        while self._waiting:
-            batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
-            try:
-                await self._write([record for record, _ in batch])
-            except Exception as exc:
-                if len(batch) == 1:
-                    _settle(batch[0][1], exc)
-                    continue
-                for record, done in batch:  # find the record that failed, keep the others
-                    try:
-                        await self._write([record])
-                    except Exception as one:
-                        _settle(done, one)
-                    else:
-                        _settle(done, None)
-                continue
-            for _, done in batch:
-                _settle(done, None)
+        batch: list[tuple[FinishedStream, asyncio.Future[None]]] = []
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
+                await self._write_batch(batch)
+        except asyncio.CancelledError:
+            # the loop is going away: nobody is left to wait for these records
+            for _, done in [*batch, *self._waiting]:
+                done.cancel()
+            raise
+
+    async def _write_batch(self, batch: list[tuple[FinishedStream, asyncio.Future[None]]]) -> None:
+        try:
+            await self._write([record for record, _ in batch])
+        except Exception as exc:
+            if len(batch) == 1:
+                _settle(batch[0][1], exc)
+                return
+            for record, done in batch:  # find the record that failed, keep the others
+                try:
+                    await self._write([record])
+                except Exception as one:
+                    _settle(done, one)
+                else:
+                    _settle(done, None)
+            return
+        for _, done in batch:
+            _settle(done, None)
 
     async def _write(self, records: list[FinishedStream]) -> None:
         async with self._sessions() as session:

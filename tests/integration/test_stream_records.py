@@ -110,3 +110,27 @@ async def test_a_caller_that_leaves_still_has_its_record_written(
         await saving
     await recorder.close()  # what the app's shutdown waits for
     assert list(await _rows(sessions)) == ["s5"]
+
+
+async def test_records_waiting_when_the_writer_is_cancelled_are_not_left_hanging(
+    db: tuple[AsyncEngine, async_sessionmaker[AsyncSession]],
+) -> None:
+    """The loop going away cancels the writer mid-commit: its callers must not wait for ever."""
+    _, sessions = db
+    recorder = StreamRecorder(sessions)
+    writing = asyncio.Event()
+
+    async def stuck(records: list[FinishedStream]) -> None:
+        writing.set()
+        await asyncio.Event().wait()  # a commit that never returns
+
+    recorder._write = stuck  # type: ignore[method-assign]
+    first = asyncio.ensure_future(recorder.save(_record(1)))
+    await asyncio.wait_for(writing.wait(), 5)
+    second = asyncio.ensure_future(recorder.save(_record(2)))  # waits behind the stuck batch
+    await asyncio.sleep(0)
+    assert recorder._writer is not None
+    recorder._writer.cancel()
+    for saving in (first, second):
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(saving, 5)
