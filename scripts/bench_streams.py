@@ -84,12 +84,14 @@ def serve_stub(port: int, code: Path | None = None, step_ms: float | None = None
 def lockstep(stub: type[Any], step_s: float) -> type[Any]:
     """The stub engine made to step as vLLM does: every ``step_s`` each running stream gets one
     token, all in the same turn of the event loop (vLLM's output handler hands out one engine
-    step's outputs together). The plain stub emits as fast as it can, so its readers find
-    several tokens at each wake-up; here, as behind a real engine, every token is a wake-up of
-    its own. Made here rather than in the service's stub so that ``--code`` trees of any age
-    run it."""
+    step's outputs together), and a stream whose reader of the engine comes late gets the steps
+    it missed together, as vLLM's per-request output queue merges them. The plain stub emits as
+    fast as it can, so its readers find several tokens at each wake-up; here, as behind a real
+    engine, a token is a wake-up of its own. Made here rather than in the service's stub so that
+    ``--code`` trees of any age run it."""
 
     class Lockstep(stub):  # type: ignore[misc,valid-type]
+        step = 0  # engine steps so far
         _tick: asyncio.Event | None = None
 
         async def generate(self, request_id: str, prompt: Any, sampling: Any) -> Any:
@@ -99,15 +101,22 @@ def lockstep(stub: type[Any], step_s: float) -> type[Any]:
                 Lockstep._tick = asyncio.Event()
                 asyncio.get_running_loop().create_task(_steps())
             n_prompt = len(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
-            for i in range(sampling.max_tokens):
-                await Lockstep._tick.wait()
-                token = self._ids[(n_prompt + i) % len(self._ids)]
-                last = i == sampling.max_tokens - 1
-                yield EngineStep([token], n_prompt, 0, "length" if last else None)
+            made, seen = 0, Lockstep.step
+            while made < sampling.max_tokens:
+                while Lockstep.step == seen:
+                    assert Lockstep._tick is not None
+                    await Lockstep._tick.wait()
+                n = min(Lockstep.step - seen, sampling.max_tokens - made)
+                seen = Lockstep.step
+                ids = [self._ids[(n_prompt + made + k) % len(self._ids)] for k in range(n)]
+                made += n
+                last = made == sampling.max_tokens
+                yield EngineStep(ids, n_prompt, 0, "length" if last else None)
 
     async def _steps() -> None:
         while True:
             await asyncio.sleep(step_s)
+            Lockstep.step += 1
             tick, Lockstep._tick = Lockstep._tick, asyncio.Event()
             assert tick is not None
             tick.set()
