@@ -8,7 +8,8 @@ record at once, and records that arrive while a batch is being written form the 
 
 A stream's finish still waits for its own record (``save`` returns once it is committed), so a
 ``done`` event is never sent before its record exists. A batch that fails is written again one
-record at a time, so one bad record fails only the stream it belongs to.
+record at a time, so one bad record fails only the stream it belongs to; when the database is
+unreachable, every record of the batch fails with that error at once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from rag_stream.store.db import unavailable
 from rag_stream.store.streams import FinishedStream, record_streams
 
 # Records per transaction: bounds how long one commit makes the next records wait
@@ -62,8 +64,11 @@ class StreamRecorder:
         try:
             await self._write([record for record, _ in batch])
         except Exception as exc:
-            if len(batch) == 1:
-                _settle(batch[0][1], exc)
+            if len(batch) == 1 or unavailable(exc) is not None:
+                # an unreachable database fails them all alike, and at once: one record at a
+                # time would make the last wait out a connection timeout per record before it
+                for _, done in batch:
+                    _settle(done, exc)
                 return
             for record, done in batch:  # find the record that failed, keep the others
                 try:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event, select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from rag_stream.store.db import create_db
@@ -134,3 +135,24 @@ async def test_records_waiting_when_the_writer_is_cancelled_are_not_left_hanging
     for saving in (first, second):
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(saving, 5)
+
+
+async def test_an_unreachable_database_fails_the_whole_batch_at_once() -> None:
+    """No record-by-record retry when the database cannot be reached: each would wait out its
+    own connection attempt before the streams behind it heard anything."""
+    engine, sessions = create_db("postgresql+asyncpg://postgres@127.0.0.1:1/test")  # refused
+    opened: list[int] = []
+
+    def counting() -> AsyncSession:
+        opened.append(1)
+        return sessions()
+
+    recorder = StreamRecorder(counting)  # type: ignore[arg-type]
+    try:
+        results = await asyncio.gather(
+            *(recorder.save(_record(n)) for n in range(5)), return_exceptions=True
+        )
+    finally:
+        await engine.dispose()
+    assert all(isinstance(r, OSError | DBAPIError) for r in results), results
+    assert len(opened) == 1  # one attempt for the batch
