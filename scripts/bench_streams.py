@@ -53,7 +53,7 @@ from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 def serve_stub(port: int, code: Path | None = None, step_ms: float | None = None) -> None:
     """Run the real app with the stub engine (this script re-invoked with --serve-stub), from
-    ``code`` (another checkout's root) when given; with ``step_ms``, in lockstep (``Lockstep``)."""
+    ``code`` (another checkout's root) when given; with ``step_ms``, in lockstep (``lockstep``)."""
     if code is not None:
         sys.path.insert(0, str(code))
     import uvicorn
