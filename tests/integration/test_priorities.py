@@ -26,7 +26,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-import psutil
 import pytest
 
 from rag_stream.generation.slot import EngineSlot
@@ -58,15 +57,6 @@ EXPECTED = {
 }
 
 
-def _own_engine_cores() -> list[int]:
-    """The engine cores this process spawned (both policies'), not those of servers it started
-    (a run without lanes has them as grandchildren)."""
-    me = os.getpid()
-    own = [pid for pid in engine_cores(me) if psutil.Process(pid).ppid() == me]
-    assert own, "no engine core of this process"
-    return own
-
-
 async def _first_tokens(engine: VLLMEngine, kind: GenerateKind) -> dict[str, float]:
     """Send REQUESTS in order: the first alone until it generates, then the others 50 ms apart;
     the time of each one's first token."""
@@ -85,7 +75,9 @@ async def _first_tokens(engine: VLLMEngine, kind: GenerateKind) -> dict[str, flo
 
     tasks = [asyncio.create_task(one(*REQUESTS[0]))]
     await asyncio.wait_for(running.wait(), 60)
-    brake = Brake(_own_engine_cores())
+    # the engine cores this process spawned (both policies'), not those of servers it started
+    # (a run without lanes has them as grandchildren)
+    brake = Brake(engine_cores(os.getpid(), direct=True))
     brake.stop()
     try:
         for request in REQUESTS[1:]:

@@ -23,15 +23,15 @@ from types import TracebackType
 import psutil
 
 
-def engine_cores(*pids: int) -> list[int]:
+def engine_cores(*pids: int, direct: bool = False) -> list[int]:
     """The vLLM engine cores under the processes ``pids`` (``rag-stream serve`` or vLLM
     servers): their descendants whose command line holds ``EngineCore``, the title vLLM gives
-    them. A process that has ended counts for none (a replica an earlier test killed); at least
-    one must be found."""
+    them (``direct``: their children only, not their servers' cores below them). A process that
+    has ended counts for none (a replica an earlier test killed); at least one must be found."""
     cores = []
     for pid in pids:
         with suppress(psutil.NoSuchProcess):
-            children = psutil.Process(pid).children(recursive=True)
+            children = psutil.Process(pid).children(recursive=not direct)
             cores += [c.pid for c in children if "EngineCore" in " ".join(_cmdline(c))]
     if not cores:
         raise LookupError(f"processes {pids} run no vLLM engine core")
