@@ -34,7 +34,7 @@ def frame(event: Event) -> bytes:
         # not in the log: no id, so a client's Last-Event-ID still names the last logged event
         data = event.model_dump_json(exclude={"id"})
         return f"event: {event.type}\ndata: {data}\n\n".encode()
-    return f"id: {event.id}\nevent: {event.type}\ndata: {event.model_dump_json()}\n\n".encode()
+    return f"id: {event.id}\nevent: {event.type}\ndata: {event.as_json}\n\n".encode()
 
 
 def event_stream_response(

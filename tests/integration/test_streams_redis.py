@@ -12,9 +12,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from rag_stream.generation.engine import Sampling
-from rag_stream.schemas.events import Done, Token
+from rag_stream.schemas.events import Done, StreamStarted, Token
 from rag_stream.schemas.tenants import LOCAL_TENANT
-from rag_stream.streaming.event_log import EventLog
+from rag_stream.streaming.event_log import Append, EventLog, NewStream
 from rag_stream.streaming.memory_log import MemoryEventLog
 from rag_stream.streaming.redis_log import RedisEventLog
 from tests.conftest import REDIS_URL
@@ -35,6 +35,53 @@ async def redis_log() -> AsyncIterator[CountingLog]:
     client = Redis.from_url(REDIS_URL)
     yield CountingLog(client, prefix=f"rs-unit-{uuid.uuid4().hex[:8]}")
     await client.aclose()
+
+
+# Text that a packing of the append's arguments could change: quotes, backslashes, control
+# characters, line and paragraph separators, CJK and a character outside the BMP
+AWKWARD = ['say "hi"\\n', "tab\there\nnew line", "\x00\x1f\u2028\u2029", "你好", "🙂 ok", "\\u0041"]
+
+
+async def test_one_append_of_several_streams_lands_each_event_byte_for_byte(
+    redis_log: CountingLog,
+) -> None:
+    """One append call carries four streams: one written, one whose lease another process
+    holds, one whose log no longer ends where its writer left it, one only renewing its lease.
+    Each stream gets its own status back, and the written events read back as the very JSON
+    they were written as."""
+    client = Redis.from_url(REDIS_URL)
+    sids = [f"pack-{uuid.uuid4().hex[:8]}" for _ in range(4)]
+    try:
+        for sid in sids:
+            first = StreamStarted(id=0, stream_id=sid, model="m", created=1.0)
+            await redis_log.create(sid, first, NewStream("m", "toy", 1.0), "me", 30_000)
+        tokens = [Token(id=i + 1, index=i, text=t, token_ids=[i]) for i, t in enumerate(AWKWARD)]
+        stale = Token(id=2, index=1, text="x", token_ids=[1])
+        results = await redis_log.append(
+            [
+                Append(sids[0], "me", tokens, 30_000, after=0),
+                Append(sids[1], "someone-else", tokens[:1], 30_000, after=0),
+                Append(sids[2], "me", [stale], 30_000, after=1),  # its log ends at 0
+                Append(sids[3], "me", [], 45_000, after=0),
+            ]
+        )
+        assert [(r.owned, r.log_lost) for r in results] == [
+            (True, False),
+            (False, False),
+            (False, True),
+            (True, False),
+        ]
+        entries = await client.xrange(f"{redis_log._p}:s:{sids[0]}:log")
+        assert [e[b"e"] for _id, e in entries[1:]] == [t.model_dump_json().encode() for t in tokens]
+        assert [entry_id for entry_id, _ in entries] == [f"{i}-0".encode() for i in range(1, 8)]
+        assert await redis_log.read(sids[0], 0, None) == tokens
+        for sid in sids[1:]:
+            assert len(await client.xrange(f"{redis_log._p}:s:{sid}:log")) == 1
+        assert 40_000 < await client.pttl(f"{redis_log._p}:s:{sids[3]}:lease") <= 45_000
+    finally:
+        for key in await client.keys(f"{redis_log._p}:*"):
+            await client.delete(key)
+        await client.aclose()
 
 
 async def test_appends_are_batched(redis_log: CountingLog) -> None:
