@@ -1,7 +1,9 @@
 """The cap on glibc's malloc arenas (rag_stream/malloc_arenas.py), in a process that encodes
 with the real embedder (the default, onnx) from several threads, as a server's request threads
 do: capped, glibc keeps two arenas; without the cap, one per thread that found the heap busy
-(8 seen here; 13 with the torch backend).
+(8 seen here; 13 with the torch backend). A small workload tells the two apart as well as a
+large one: 16 texts 4 times gave 2 arenas capped and 8 not in every run tried, as 64 texts 8 times
+did, for a third of the CPU.
 The soak (scripts/soak.py, docs/reliability.md) is where the held memory it saves shows."""
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ if sys.argv[1] == "capped":
 from rag_stream.retrieval.embedder import load_embedder
 
 embedder = asyncio.run(load_embedder(sys.argv[2], batch_size=16, backend="onnx"))
-texts = [f"Lamp {i} was lit at dusk and {i * 7} ships passed. " * (1 + i % 5) for i in range(64)]
+texts = [f"Lamp {i} was lit at dusk and {i * 7} ships passed. " * (1 + i % 5) for i in range(16)]
 with ThreadPoolExecutor(4) as pool:
-    list(pool.map(lambda _: embedder.encode_sync(texts), range(8)))
+    list(pool.map(lambda _: embedder.encode_sync(texts), range(4)))
 libc = ctypes.CDLL("libc.so.6")
 libc.fopen.restype = ctypes.c_void_p
 out = ctypes.c_void_p(libc.fopen(sys.argv[3].encode(), b"w"))
