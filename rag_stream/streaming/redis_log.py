@@ -171,7 +171,8 @@ def entry_id(event_id: int) -> str:
 
 
 def _entry_args(events: Sequence[Event]) -> list[str | int]:
-    """(entry id, event JSON) pairs, the tail of the append and finish scripts' arguments."""
+    """(entry id, event JSON) pairs: a stream's entries in the append's JSON, and the finish
+    script's last arguments."""
     args: list[str | int] = []
     for event in events:
         args += [entry_id(event.id), event.as_json]
