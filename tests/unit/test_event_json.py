@@ -10,7 +10,8 @@ from rag_stream.schemas.events import EVENT_ADAPTER, Done, Event, Token
 from rag_stream.streaming.sse import frame
 
 
-def test_as_json_is_the_events_json_for_every_kind_of_event() -> None:
+def test_as_json_is_the_events_json_and_the_frames_data() -> None:
+    # a started, two tokens (one with a job's section) and a done: the field shapes events have
     events: list[Event] = [
         EVENT_ADAPTER.validate_python(
             {"id": 0, "type": "stream", "stream_id": "s", "model": "m", "created": 1.5}
