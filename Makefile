@@ -14,11 +14,11 @@ run: $(VENV)/.installed
 	$(BIN)/rag-stream serve
 
 # CI's suite: everything but the tests marked `extended` (docs/testing.md lists them),
-# in two lanes side by side (tests/support/lanes.py)
+# on two workers side by side (tests/support/lanes.py)
 test:
 	$(BIN)/pytest -q -m "not extended" -n 2 --durations=40
 
-# the same, one lane after the other
+# the same, on one worker
 test-serial:
 	$(BIN)/pytest -q -m "not extended" --durations=40
 

@@ -1,18 +1,22 @@
-"""The suite's two lanes: `make test` runs them side by side, one pytest-xdist worker each
-(``-n 2``), because one lane alone leaves a core idle about a third of the time (a vLLM start
-keeps one core busy; a test waiting on a stream, a timer or a subprocess, none).
+"""How `make test` shares the suite between its two pytest-xdist workers (``-n 2``): two at
+once, because one alone leaves a core idle about a third of the time (a vLLM start keeps one core
+busy; a test waiting on a stream, a timer or a subprocess, none).
 
-- ``engines``: the modules that share the session's vLLM servers and multi-process set-ups
-  (tests/support/session_servers.py), so that each shared process starts ahead of its module
-  and stops after its last user, as in a serial run; and one module without an engine, the
-  ingest service's, which evens the two lanes' times.
-- ``service``: everything else: unit tests, the in-process app (tests/support/inprocess.py),
-  stub-engine servers, the CLIs, fuzzing.
+- The ``engines`` lane: the modules that share the session's vLLM servers and multi-process
+  set-ups (tests/support/session_servers.py), run whole by one worker in collection order, so
+  that each shared process starts ahead of its module and stops after its last user, as in a
+  serial run.
+- The ``service`` modules: everything else (unit tests, the in-process app
+  (tests/support/inprocess.py), stub-engine servers, the CLIs, fuzzing). Each module is a unit
+  of its own, handed to whichever worker is free: the other worker takes them one after another
+  from the start, and the engines' worker joins in when its lane is done, so neither core idles
+  at the end whichever part is longer on a given machine. Integration modules go out before the
+  unit tests' short ones, which then fill the end.
 
-``LaneScheduling`` hands each worker one whole lane, in collection order, and a worker knows
-which tests are its own (``this_lane``). A shared vLLM process belongs to one lane:
-``check_lanes`` fails the run when an edit makes a module of the other lane use one (it would
-start twice). Without xdist (a module run alone) the lanes run one after the other.
+``LaneScheduling`` does that hand-out, and a worker knows which tests it may still run
+(``this_lane``). A shared vLLM process belongs to the engines lane: ``check_lanes`` fails the run
+when an edit makes a service module use one (it would start twice). Without xdist (a module run
+alone) everything runs in collection order.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from collections.abc import Iterable
 
 import pytest
 from xdist.scheduler import LoadScopeScheduling
+from xdist.workermanage import WorkerController
 
-# modules whose tests start or share a vLLM engine (and one that evens the lanes); any other is
-# in the service lane
+# modules whose tests start or share a vLLM engine, or start one ahead for a later module
+# (START_AHEAD); any other is a service module
 ENGINE_MODULES = frozenset(
     {
         "test_answers.py",
@@ -45,7 +50,6 @@ ENGINE_MODULES = frozenset(
         "test_kv_restore.py",
         "test_kv_server.py",
         "test_process_group.py",
-        "test_ingest_service.py",  # no engine: it evens the lanes
         "test_resume.py",
         "test_takeover.py",
         "test_chat_page.py",
@@ -54,7 +58,6 @@ ENGINE_MODULES = frozenset(
         "test_page_files.py",
     }
 )
-LANES = ("engines", "service")
 
 
 def lane_of_module(name: str) -> str:
@@ -73,29 +76,51 @@ _BY_LANE = pytest.StashKey[dict[str, list[pytest.Item]]]()
 
 
 def this_lane(item: pytest.Item) -> list[pytest.Item]:
-    """The tests the process running ``item`` runs: its lane's under xdist, all otherwise."""
+    """The tests the process running ``item`` may run after it, in their order: under xdist,
+    the engines lane and then every service module for the engines' worker (it takes service
+    modules once its lane is done), the service modules for the other; all tests otherwise."""
     items = item.session.items
     if not under_xdist(item.config):
         return items
     by_lane = item.config.stash.get(_BY_LANE, None)
     if by_lane is None:
-        by_lane = {lane: [i for i in items if lane_of(i) == lane] for lane in LANES}
+        service = [i for i in items if lane_of(i) == "service"]
+        engines = [i for i in items if lane_of(i) == "engines"]
+        by_lane = {"engines": engines + service, "service": service}
         item.config.stash[_BY_LANE] = by_lane
     return by_lane[lane_of(item)]
 
 
+def hand_out_order(scopes: Iterable[str]) -> list[str]:
+    """The order in which the scheduler's units go out: the engines lane first (the first free
+    worker starts it), then the service modules as collected, unit tests last."""
+    rank = {"engines": 0}
+    return sorted(scopes, key=lambda scope: rank.get(scope, 2 if "/unit/" in scope else 1))
+
+
 class LaneScheduling(LoadScopeScheduling):
-    """xdist's scheduling by scope, a lane being the scope: with two workers, each runs one
-    lane whole (pytest 9's node ids no longer carry xdist's ``loadgroup`` marks)."""
+    """xdist's scheduling by scope, the engines lane being one scope and each service module
+    another (pytest 9's node ids no longer carry xdist's ``loadgroup`` marks). xdist gives a
+    worker its next scope when it has two tests left of the last."""
+
+    _ordered = False
 
     def _split_scope(self, nodeid: str) -> str:
-        return lane_of_module(nodeid.split("::", 1)[0].rsplit("/", 1)[-1])
+        path = nodeid.split("::", 1)[0]
+        return "engines" if lane_of_module(path.rsplit("/", 1)[-1]) == "engines" else path
+
+    def _assign_work_unit(self, node: WorkerController) -> None:
+        if not self._ordered:  # the queue is whole by the first assignment
+            for scope in reversed(hand_out_order(self.workqueue)):
+                self.workqueue.move_to_end(scope, last=False)
+            self._ordered = True
+        super()._assign_work_unit(node)
 
 
 def check_lanes(items: Iterable[pytest.Item], shared: Iterable[str]) -> None:
     """Fail when a shared process (a session fixture of session_servers.py) is used by both
-    lanes: under xdist each lane's worker would start one of its own, two engines where the
-    machine has room for one."""
+    lanes: under xdist each worker would start one of its own, two engines where the machine
+    has room for one."""
     by_fixture: dict[str, set[str]] = {}
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):
@@ -104,5 +129,5 @@ def check_lanes(items: Iterable[pytest.Item], shared: Iterable[str]) -> None:
     if both:
         raise pytest.UsageError(
             f"used by both test lanes: {', '.join(both)}; move the modules that use them into "
-            "one lane (tests/support/lanes.py)"
+            "the engines lane (tests/support/lanes.py)"
         )
