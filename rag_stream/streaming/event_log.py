@@ -189,7 +189,7 @@ class EventLog(Protocol):
     async def append(self, batches: Sequence[Append]) -> list[AppendResult]:
         """Append the batches of several streams in one round trip; one result per batch, in
         order. Each batch is checked and written on its own (one stream's lost lease does not
-        affect the others)."""
+        affect the others). One call at a time: the process's flusher makes them in turn."""
         ...
 
     async def read(

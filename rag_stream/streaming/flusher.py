@@ -28,10 +28,6 @@ from rag_stream.streaming.redis_conn import retry_redis
 
 logger = logging.getLogger(__name__)
 
-# Streams per append call: bounds how long one script holds Redis; larger flushes are split
-# into several calls sent concurrently.
-MAX_STREAMS_PER_CALL = 128
-
 
 class Flushable(Protocol):
     """What the flusher needs of a writer (``writer.StreamWriter``)."""
@@ -109,20 +105,15 @@ class Flusher:
                 writer.end_flush(result)
 
     async def _send(self, batches: list[Append]) -> list[AppendResult | None]:
-        calls = [
-            batches[i : i + MAX_STREAMS_PER_CALL]
-            for i in range(0, len(batches), MAX_STREAMS_PER_CALL)
-        ]
-
-        async def send() -> list[AppendResult | None]:
-            answers = await asyncio.gather(*(self._log.append(call) for call in calls))
-            return [result for answer in answers for result in answer]
-
         try:
-            what = f"append of {len(batches)} streams"
-            return await retry_redis(send, self._cfg.redis_retries, what)
+            results = await retry_redis(
+                lambda: self._log.append(batches),
+                self._cfg.redis_retries,
+                f"append of {len(batches)} streams",
+            )
         except RedisError:
             return [None] * len(batches)
+        return [*results]
 
     async def close(self) -> None:
         self._writers.clear()

@@ -46,6 +46,7 @@ from rag_stream.streaming.event_log import (
     StreamMeta,
     now_ms,
 )
+from rag_stream.streaming.script_line import ScriptLine
 
 # Several streams' batches in one call. KEYS: (log, meta, lease) per stream. ARGV[1]: a JSON
 # array with, per stream in KEYS' order, [owner, lease_ms, after (entry id the log must end
@@ -55,6 +56,10 @@ from rag_stream.streaming.event_log import (
 # (status, cancel, seen) per stream; status 1 written, 0 another owner holds the lease, -1 the
 # log does not end where the writer left it (lost), -2 the log refused the ids (another
 # writer's).
+# Streams per call: bounds how long one script holds Redis; a larger flush is several calls,
+# sent together in one write.
+MAX_STREAMS_PER_CALL = 128
+
 _APPEND = """
 local out = {}
 local batches = cjson.decode(ARGV[1])
@@ -170,10 +175,10 @@ def entry_id(event_id: int) -> str:
     return f"{event_id + 1}-0"
 
 
-def _entry_args(events: Sequence[Event]) -> list[str | int]:
+def _entry_args(events: Sequence[Event]) -> list[str]:
     """(entry id, event JSON) pairs: a stream's entries in the append's JSON, and the finish
     script's last arguments."""
-    args: list[str | int] = []
+    args: list[str] = []
     for event in events:
         args += [entry_id(event.id), event.as_json]
     return args
@@ -193,7 +198,7 @@ class RedisEventLog:
         self._r = redis
         self._p = prefix
         self._running_ttl = running_ttl_s
-        self._append = redis.register_script(_APPEND)
+        self._append_line = ScriptLine(redis, _APPEND)  # the hot call: a step's appends
         self._finish = redis.register_script(_FINISH)
         self._mark_lost = redis.register_script(_MARK_LOST)
         self._acquire = redis.register_script(_ACQUIRE)
@@ -251,15 +256,11 @@ class RedisEventLog:
             raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
 
     async def append(self, batches: Sequence[Append]) -> list[AppendResult]:
-        keys: list[str] = []
-        packed: list[list[object]] = []
-        for b in batches:
-            keys += self._keys(b.stream_id)
-            last = b.events[-1].id if b.events else b.after
-            after_id, last_id = entry_id(b.after), entry_id(last)
-            packed.append([b.owner, str(b.lease_ms), after_id, last_id, _entry_args(b.events)])
-        batches_json = json.dumps(packed, ensure_ascii=False, separators=(",", ":"))
-        flat = await self._append(keys=keys, args=[batches_json])
+        calls = [
+            self._append_call(batches[i : i + MAX_STREAMS_PER_CALL])
+            for i in range(0, len(batches), MAX_STREAMS_PER_CALL)
+        ]
+        flat = [status for reply in await self._append_line.run(calls) for status in reply]
         return [
             AppendResult(
                 owned=flat[i] == 1,
@@ -270,6 +271,17 @@ class RedisEventLog:
             )
             for i in range(0, len(flat), 3)
         ]
+
+    def _append_call(self, batches: Sequence[Append]) -> tuple[list[str], list[str]]:
+        """One call of the append script: its keys, and its one argument (``_APPEND``)."""
+        keys: list[str] = []
+        packed: list[list[object]] = []
+        for b in batches:
+            keys += self._keys(b.stream_id)
+            last = b.events[-1].id if b.events else b.after
+            after_id, last_id = entry_id(b.after), entry_id(last)
+            packed.append([b.owner, str(b.lease_ms), after_id, last_id, _entry_args(b.events)])
+        return keys, [json.dumps(packed, ensure_ascii=False, separators=(",", ":"))]
 
     async def read(
         self, stream_id: str, after: int, block_ms: int | None, count: int = READ_PAGE

@@ -3,17 +3,28 @@
 A frame is ``id:``, ``event:`` and one ``data:`` line holding the event as JSON (JSON never
 contains a raw newline). Events that are ready together go out as one chunk: one write to the
 socket instead of one per event.
+
+Every send has a time limit (``SEND_TIMEOUT_S``): a client that stops reading fills the
+socket's buffers, and its send would then wait for good. sse-starlette bounds each send with a
+cancel scope of its own, which cost about 10 µs of Python a chunk, a token's chunk included,
+more than the send itself. ``_Response`` keeps the same limit with one timer a response instead
+(armed while a send is in flight, checked once per limit), and a send past it raises
+sse-starlette's ``SendTimeoutError`` as the library's own check does.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
+from starlette.types import Message, Receive, Scope, Send
 
 from rag_stream.schemas.events import Event, TransientError
 
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+SEND_TIMEOUT_S = 30.0  # a send that waits longer for the client to read ends its response
 
 
 class _KeepAlive(ServerSentEvent):
@@ -27,6 +38,67 @@ class _KeepAlive(ServerSentEvent):
 
 
 _KEEP_ALIVE = _KeepAlive()
+
+
+class _Response(EventSourceResponse):
+    """sse-starlette's response, its limit on each send kept by one timer (module docstring).
+
+    A send notes when it began, by task: the response's stream and its keep-alive pings send
+    from tasks of their own. The timer, armed by a send when none is, cancels every send older
+    than the limit, then re-arms itself for the oldest still in flight."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._sending: dict[asyncio.Task[object], float] = {}  # task: when its send began
+        self._expired: set[asyncio.Task[object]] = set()  # sends the timer cancelled
+        self._watch: asyncio.TimerHandle | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._watch is not None:
+                self._watch.cancel()
+                self._watch = None
+
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        limit = self.send_timeout
+        task = asyncio.current_task()
+        if limit is None or task is None:
+            await super()._send_with_timeout(send, message)
+            return
+        loop = asyncio.get_running_loop()
+        self._sending[task] = loop.time()
+        if self._watch is None:
+            self._watch = loop.call_later(limit, self._check_sends)
+        try:
+            await send(message)
+        except asyncio.CancelledError:
+            self._send_interrupted = True
+            if task not in self._expired:
+                raise
+            self._expired.discard(task)
+            task.uncancel()  # the cancel was the timer's, answered here
+            raise SendTimeoutError() from None
+        except BaseException:
+            self._send_interrupted = True
+            raise
+        finally:
+            del self._sending[task]
+
+    def _check_sends(self) -> None:
+        self._watch = None
+        if not self._sending or self.send_timeout is None:
+            return
+        loop = asyncio.get_running_loop()
+        now, limit = loop.time(), self.send_timeout
+        for task, began in self._sending.items():
+            if now - began >= limit and task not in self._expired:
+                self._expired.add(task)
+                task.cancel()
+        waiting = [began for task, began in self._sending.items() if task not in self._expired]
+        if waiting:
+            self._watch = loop.call_at(min(waiting) + limit, self._check_sends)
 
 
 def frame(event: Event) -> bytes:
@@ -50,13 +122,16 @@ def event_stream_response(
 
 
 def sse_response(
-    chunks: AsyncIterator[bytes], keepalive_s: float, headers: Mapping[str, str] | None = None
+    chunks: AsyncIterator[bytes],
+    keepalive_s: float,
+    headers: Mapping[str, str] | None = None,
+    send_timeout_s: float = SEND_TIMEOUT_S,
 ) -> EventSourceResponse:
     """Send ready-made SSE frames, with keep-alive comments while the stream is quiet."""
-    return EventSourceResponse(
+    return _Response(
         chunks,
         ping=max(1, round(keepalive_s)),
         ping_message_factory=lambda: _KEEP_ALIVE,
         headers={**SSE_HEADERS, **(headers or {})},
-        send_timeout=30,
+        send_timeout=send_timeout_s,
     )
