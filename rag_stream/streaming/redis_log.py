@@ -48,18 +48,18 @@ from rag_stream.streaming.event_log import (
 )
 from rag_stream.streaming.script_line import ScriptLine
 
+# Streams per call of the append script: bounds how long one call holds Redis; a larger flush
+# is several calls, sent together in one write (script_line.py).
+MAX_STREAMS_PER_CALL = 128
+
 # Several streams' batches in one call. KEYS: (log, meta, lease) per stream. ARGV[1]: a JSON
 # array with, per stream in KEYS' order, [owner, lease_ms, after (entry id the log must end
 # with), last (entry id of the batch's last event: a retry of a batch that landed), [entry id,
-# event json, entry id, event json, ...]]. One argument, not a dozen a stream: the client packs
-# each argument in Python, and that was half the append's cost in the API process. Returns
+# event json, entry id, event json, ...]]. One argument, not a dozen a stream: redis-py packed
+# each argument in Python, half of what an append cost the API process then. Returns
 # (status, cancel, seen) per stream; status 1 written, 0 another owner holds the lease, -1 the
 # log does not end where the writer left it (lost), -2 the log refused the ids (another
 # writer's).
-# Streams per call: bounds how long one script holds Redis; a larger flush is several calls,
-# sent together in one write.
-MAX_STREAMS_PER_CALL = 128
-
 _APPEND = """
 local out = {}
 local batches = cjson.decode(ARGV[1])

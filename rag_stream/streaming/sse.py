@@ -6,10 +6,10 @@ socket instead of one per event.
 
 Every send has a time limit (``SEND_TIMEOUT_S``): a client that stops reading fills the
 socket's buffers, and its send would then wait for good. sse-starlette bounds each send with a
-cancel scope of its own, which cost about 10 µs of Python a chunk, a token's chunk included,
-more than the send itself. ``_Response`` keeps the same limit with one timer a response instead
-(armed while a send is in flight, checked once per limit), and a send past it raises
-sse-starlette's ``SendTimeoutError`` as the library's own check does.
+cancel scope of its own, about 10 µs of Python for every chunk, a token's included.
+``_Response`` keeps the same limit with one timer a response instead (armed while a send is in
+flight, so it fires about once a limit), and a send past it raises sse-starlette's
+``SendTimeoutError`` as the library's own check does.
 """
 
 from __future__ import annotations
