@@ -5,9 +5,10 @@ and its observability records to lend a connection, more to take it back), the r
 and the encoding of every argument in Python. A profile of the stub engine stepping as vLLM does
 counted about 160 function calls an append. The append is one ``EVALSHA`` a step for all of a
 process's streams (``flusher.py``), sent by one flush at a time, so it needs no pool: the line
-holds one of the pool's connections for good (the pool closes it with the others) and sends
-its calls packed by hiredis in C. The replies are read by redis-py's own parser, and an error
-reply raises its exception, as for any command.
+takes one of the pool's connections for good (it counts towards ``streaming.redis_pool_size``
+and closes as the pool's others do) and sends its calls packed by hiredis in C. The replies
+are read by redis-py's own parser, and an error reply raises its exception, as for any
+command.
 
 A connection that fails under a call is closed and the call sent once more on a new one, as the
 pool's retry does for every other command (``redis_conn.pool_options``: after a restart of Redis
