@@ -138,13 +138,20 @@ def verify_llm(settings: Settings, path: Path) -> str:
 
 
 async def _answer(engine: Engine) -> str:
+    from rag_stream.generation.detokenize import TextDelta
     from rag_stream.generation.engine import Sampling
     from rag_stream.kinds.tokens import TokenRun, run_tokens
 
     prompt = engine.chat_prompt([{"role": "user", "content": VERIFY_QUESTION}])
     ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
-    run = TokenRun()
-    return "".join([d.text async for d in run_tokens(engine, "verify", ids, Sampling(32), run)])
+    pieces: list[str] = []
+
+    def keep(delta: TextDelta) -> bool:
+        pieces.append(delta.text)
+        return True
+
+    await run_tokens(engine, "verify", ids, Sampling(32), TokenRun(), keep)
+    return "".join(pieces)
 
 
 def prepare_models(settings: Settings, *, force: bool = False, verify: bool = True) -> None:

@@ -516,9 +516,10 @@ class StreamingSettings(BaseModel):
         64,
         ge=4,
         description="Redis connections of this process. Waiting readers hold none (see "
-        "feeds.py); the appends of all its streams keep one for good (script_line.py) and "
-        "every other command borrows one for milliseconds: this bounds concurrency, not "
-        "streams. When all are busy a command waits for one.",
+        "feeds.py); the appends of all its streams keep one for good, and the streams' other "
+        "writes (creation, plan, end) another (script_line.py); every other command borrows "
+        "one for milliseconds: this bounds concurrency, not streams. When all are busy a "
+        "command waits for one.",
     )
     redis_pool_timeout_s: float = Field(
         5.0, gt=0, description="The longest a command waits for a free Redis connection."

@@ -11,7 +11,10 @@ chat template's system part is ever a cached prefix. Which target goes first alt
 Per target and round: TTFT p50/p99 (to the first non-empty ``delta.content`` / first ``token``
 event), TPOT p50, output tokens/s over the batch's wall time, and CPU µs per output token of the
 server's own process (utime+stime of the PID launched, not its engine-core child). Ratios ours/raw
-are taken per round, then summarized (median and spread) across rounds.
+are taken per round, then summarized (median and spread) across rounds. With ``--before DIR``, a
+third server runs rag-stream from another tree (``git archive REV rag_stream configs migrations
+| tar -x -C DIR``) on the same settings: a change's effect against the code before it, beside
+raw, in one run (the order then rotates, so that each target goes first and last in turn).
 
 Part B, the SSE layer alone: the stub engine (scripts/bench_streams.py) emitting as fast as it can,
 many concurrent streams; SSE events (every event, a token event once whatever it carries) and
@@ -186,33 +189,50 @@ METRICS["cpu_us_per_token"] = 0
 RATIOS = ("ttft_ms_p50", "tokens_per_s", "cpu_us_per_token")
 
 
-async def engine_rounds(args: argparse.Namespace, raw: Target, ours: Target) -> dict[str, Any]:
+async def engine_rounds(args: argparse.Namespace, targets: list[Target]) -> dict[str, Any]:
+    """``targets``: raw first, then ours (and the ``--before`` tree's, when given)."""
+    raw = targets[0]
     top = max(args.concurrency)
     limits = httpx.Limits(max_connections=top, max_keepalive_connections=top)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         result: dict[str, Any] = {}
         for c in args.concurrency:
-            for target in (raw, ours):  # warm-up at this concurrency, prompts of its own
+            for target in targets:  # warm-up at this concurrency, prompts of its own
                 warm = [f"Warm-up {c}-{i}. Say hello." for i in range(c)]
                 await run_batch(client, target, warm, c, 8)
             n = args.requests or max(16, 2 * c)
             rounds = []
             for rnd in range(args.rounds):
                 prompts = [question(c, rnd, i) for i in range(n)]
-                order = alternate((raw, ours), rnd)
+                # each target goes first, and last, in turn (two targets: alternate; with a
+                # third, reversing would keep the middle one in the middle for good)
+                order = [*targets[rnd % len(targets) :], *targets[: rnd % len(targets)]]
                 row: dict[str, Any] = {"round": rnd, "first": order[0].name}
                 for target in order:
                     row[target.name] = await run_batch(client, target, prompts, c, args.max_tokens)
-                r, o = row["raw"], row["ours"]
-                row["ratios"] = {k: ratio(o[k], r[k]) for k in RATIOS}
-                pairs = zip(r["tokens_per_request"], o["tokens_per_request"], strict=True)
-                row["token_count_mismatches"] = sum(a != b for a, b in pairs)
-                print(f"c={c} round {rnd}:", {k: row[k] for k in ("first", "ratios")}, flush=True)
+                for other in targets[1:]:
+                    r, o = row[raw.name], row[other.name]
+                    row[f"{other.name}_ratios"] = {k: ratio(o[k], r[k]) for k in RATIOS}
+                    pairs = zip(r["tokens_per_request"], o["tokens_per_request"], strict=True)
+                    row[f"{other.name}_token_count_mismatches"] = sum(a != b for a, b in pairs)
+                row["ratios"] = row["ours_ratios"]
+                if "before" in row:  # this tree's CPU a token against the other's, same round
+                    row["ours_over_before_cpu"] = ratio(
+                        row["ours"]["cpu_us_per_token"], row["before"]["cpu_us_per_token"]
+                    )
+                shown = {k: v for k, v in row.items() if k == "first" or k.endswith("ratios")}
+                print(f"c={c} round {rnd}:", shown, row.get("ours_over_before_cpu", ""), flush=True)
                 rounds.append(row)
             agg: dict[str, Any] = {"requests_per_target": n, "rounds": rounds}
-            for name in ("raw", "ours"):
+            for target in targets:
+                name = target.name
                 agg[name] = {k: across([x[name][k] for x in rounds], d) for k, d in METRICS.items()}
-            agg["ours_over_raw"] = {k: across([x["ratios"][k] for x in rounds], 3) for k in RATIOS}
+            for other in targets[1:]:
+                agg[f"{other.name}_over_raw"] = {
+                    k: across([x[f"{other.name}_ratios"][k] for x in rounds], 3) for k in RATIOS
+                }
+            if len(targets) > 2:
+                agg["ours_over_before_cpu"] = across([x["ours_over_before_cpu"] for x in rounds], 3)
             result[str(c)] = agg
     return result
 
@@ -221,7 +241,7 @@ def engine_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[st
     servers: list[ServerProcess] = []
     spy: subprocess.Popen[bytes] | None = None
     report: dict[str, Any] = {}
-    try:  # both load at once (~30-60 s each), then wait for both
+    try:  # all load at once (~30-60 s each), then wait for all
         # vLLM's own executor on the CPU (``mp``, its default), as the raw server runs it: the
         # same engine on both sides (rag-stream's default, ``uni`` on 2 threads, decodes faster
         # here, which would compare engines, not gateways)
@@ -234,13 +254,22 @@ def engine_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[st
             start_raw_vllm(base / "raw-vllm.log"),
             start_rag_stream(base / "ours", ours_env),
         ]
-        raw_server, ours_server = servers
+        if args.before:  # another tree's code, the same settings (a Redis prefix of its own)
+            before_env = {**ours_env, "RAG_STREAM_STREAMING__KEY_PREFIX": "rs-before"}
+            before = start_rag_stream(base / "before", before_env, argv=_serve_from(args.before))
+            servers.append(before)
+        raw_server, ours_server = servers[:2]
         wait_health(raw_server)
-        ours_server.wait_ready(600)
+        for server in servers[1:]:
+            server.wait_ready(600)
         pids = {"raw": raw_server.proc.pid, "ours": ours_server.proc.pid}
+        if args.before:
+            pids["before"] = servers[2].proc.pid
         report["measured_processes"] = {k: cmdline(p) for k, p in pids.items()}
         assert "vllm.entrypoints.openai.api_server" in report["measured_processes"]["raw"]
         assert "-m rag_stream serve" in report["measured_processes"]["ours"]
+        if args.before:
+            report["before_tree"] = str(args.before)
         if args.profile_ours:
             beside = Path(sys.executable).with_name("py-spy")
             exe = str(beside) if beside.exists() else shutil.which("py-spy")
@@ -253,9 +282,14 @@ def engine_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[st
                 spy = subprocess.Popen([*record, "--pid", str(pids["ours"])])
                 report["profiled_ours"] = out  # sampling slows ours down: ratios are skewed
         raw_url = raw_server.url + "/v1/chat/completions"
-        raw = Target("raw", raw_url, pids["raw"], raw_body, raw_step)
-        ours = Target("ours", ours_server.url + "/v1/generate", pids["ours"], ours_body, ours_step)
-        report["by_concurrency"] = asyncio.run(engine_rounds(args, raw, ours))
+        targets = [
+            Target("raw", raw_url, pids["raw"], raw_body, raw_step),
+            Target("ours", ours_server.url + "/v1/generate", pids["ours"], ours_body, ours_step),
+        ]
+        if args.before:
+            url = servers[2].url + "/v1/generate"
+            targets.append(Target("before", url, pids["before"], ours_body, ours_step))
+        report["by_concurrency"] = asyncio.run(engine_rounds(args, targets))
     finally:
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -263,6 +297,12 @@ def engine_part(args: argparse.Namespace, base: Path, redis_url: str) -> dict[st
         for server in servers:
             server.stop()
     return report
+
+
+def _serve_from(tree: Path) -> list[str]:
+    """``rag-stream serve`` with the service's code taken from another checkout's root."""
+    boot = f"import sys; sys.path.insert(0, {str(tree)!r}); from rag_stream.cli import main; "
+    return [sys.executable, "-c", boot + "sys.exit(main(['serve']))"]
 
 
 async def stub_batch(
@@ -427,6 +467,13 @@ def main() -> None:
         help="how rag-stream reaches its private Redis: loopback TCP (default) or a unix socket",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "gateway.json")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="part A also drives a third server, rag-stream from this tree (another checkout's "
+        "root, e.g. git archive REV | tar -x -C DIR), alternated with the others: both trees' "
+        "CPU a token against raw's and against each other's, in the same run",
+    )
     parser.add_argument(
         "--profile-ours",
         type=Path,

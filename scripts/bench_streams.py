@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -87,19 +87,27 @@ def lockstep(stub: type[Any], step_s: float) -> type[Any]:
     step's outputs together), and a stream whose reader of the engine comes late gets the steps
     it missed together, as vLLM's per-request output queue merges them. The plain stub emits as
     fast as it can, so its readers find several tokens at each wake-up; here, as behind a real
-    engine, a token is a wake-up of its own. Made here rather than in the service's stub so that
-    ``--code`` trees of any age run it."""
+    engine, a token is a wake-up of its own. A tree whose engine interface has ``push_steps``
+    (generation/engine.py ``PushesSteps``) gets its steps pushed, as the vLLM engine pushes
+    them: the step loop calls every request's handler in its own turn. Made here rather than in
+    the service's stub so that ``--code`` trees of any age run it."""
 
     class Lockstep(stub):  # type: ignore[misc,valid-type]
         step = 0  # engine steps so far
         _tick: asyncio.Event | None = None
+        # requests whose steps are pushed (a tree whose engine interface has ``push_steps``):
+        # request id -> [its handler, tokens made, prompt tokens, max tokens, its end]
+        _pushed: ClassVar[dict[str, list[Any]]] = {}
+
+        def _start(self) -> None:
+            if Lockstep._tick is None:
+                Lockstep._tick = asyncio.Event()
+                asyncio.get_running_loop().create_task(_steps(self))
 
         async def generate(self, request_id: str, prompt: Any, sampling: Any) -> Any:
             from rag_stream.generation.engine import EngineStep
 
-            if Lockstep._tick is None:
-                Lockstep._tick = asyncio.Event()
-                asyncio.get_running_loop().create_task(_steps())
+            self._start()
             n_prompt = len(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
             made, seen = 0, Lockstep.step
             while made < sampling.max_tokens:
@@ -113,13 +121,51 @@ def lockstep(stub: type[Any], step_s: float) -> type[Any]:
                 last = made == sampling.max_tokens
                 yield EngineStep(ids, n_prompt, 0, "length" if last else None)
 
-    async def _steps() -> None:
+        async def push_steps(
+            self, request_id: str, prompt: Any, sampling: Any, on_step: Any
+        ) -> None:
+            """As vLLM's output handler does: each step handed to every request in one turn."""
+            self._start()
+            n_prompt = len(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
+            end = asyncio.get_running_loop().create_future()
+            Lockstep._pushed[request_id] = [on_step, 0, n_prompt, sampling.max_tokens, end]
+            try:
+                await end
+            finally:
+                Lockstep._pushed.pop(request_id, None)
+
+        async def abort(self, request_id: str) -> None:
+            pushed = Lockstep._pushed.pop(request_id, None)
+            if pushed is None:
+                await super().abort(request_id)
+                return
+            from rag_stream.generation.engine import EngineStep
+
+            on_step, _, n_prompt, _, end = pushed
+            if not end.done():
+                on_step(EngineStep([], n_prompt, 0, "cancelled"))
+                end.set_result(None)
+
+    async def _steps(engine: Any) -> None:
+        from rag_stream.generation.engine import EngineStep
+
         while True:
             await asyncio.sleep(step_s)
             Lockstep.step += 1
             tick, Lockstep._tick = Lockstep._tick, asyncio.Event()
             assert tick is not None
             tick.set()
+            for request_id, pushed in list(Lockstep._pushed.items()):
+                on_step, made, n_prompt, most, end = pushed
+                if end.done():
+                    continue
+                token = engine._ids[(n_prompt + made) % len(engine._ids)]
+                pushed[1] = made = made + 1
+                last = made == most
+                more = on_step(EngineStep([token], n_prompt, 0, "length" if last else None))
+                if last or not more:
+                    Lockstep._pushed.pop(request_id, None)
+                    end.set_result(None)
 
     return Lockstep
 

@@ -11,6 +11,7 @@ The tokenizer must be a fast (``tokenizers``-backed) one: ``backend_tokenizer`` 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from rag_stream.generation.engine import Tokenizer
 _CONTEXT_IDS = 6
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: one a token, and a frozen init costs four times as much)
 class TextDelta:
     index: int  # position of the first token id in the generated sequence
     token_ids: list[int]
@@ -45,7 +46,7 @@ class Detokenizer:
         self._stream = DecodeStream(ids=list(generated), skip_special_tokens=True)
         self._next = len(generated)  # position of the next id pushed
         self._held: list[int] = []  # ids whose text is not complete yet
-        self._context: list[int] = list(generated[-_CONTEXT_IDS:])
+        self._context: deque[int] = deque(generated[-_CONTEXT_IDS:], maxlen=_CONTEXT_IDS)
 
     def push(self, token_ids: Sequence[int]) -> TextDelta | None:
         """Add ids; return the newly complete text with the ids it came from, if any."""
@@ -57,7 +58,7 @@ class Detokenizer:
         """Emit whatever is held, even if incomplete (the stream is ending)."""
         if not self._held:
             return None
-        context = self._decode(self._context)
+        context = self._decode(list(self._context))
         whole = self._decode([*self._context, *self._held])
         return self._release(whole[len(context) :] if whole.startswith(context) else whole)
 
@@ -67,6 +68,6 @@ class Detokenizer:
     def _release(self, text: str) -> TextDelta:
         delta = TextDelta(self._next, self._held, text)
         self._next += len(self._held)
-        self._context = [*self._context, *self._held][-_CONTEXT_IDS:]
+        self._context.extend(self._held)
         self._held = []
         return delta

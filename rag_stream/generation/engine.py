@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from rag_stream.schemas.events import FinishReason
 
@@ -23,7 +23,7 @@ class Sampling:
     affinity: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: one a token, and a frozen init costs four times as much)
 class EngineStep:
     """New token ids since the previous step of one request."""
 
@@ -31,6 +31,10 @@ class EngineStep:
     prompt_tokens: int
     cached_tokens: int
     finish_reason: FinishReason | None = None
+
+
+# What a caller does with each step of its request (``drive``); False ends the request there.
+StepHandler = Callable[[EngineStep], bool]
 
 
 class Tokenizer(Protocol):
@@ -70,3 +74,44 @@ class Engine(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class PushesSteps(Protocol):
+    """An engine that hands each step to its request's handler itself, as the step comes out of
+    the engine (vLLM's output handler hands one engine step's outputs to all its requests in
+    one turn of the event loop): no task of the caller's wakes for a step."""
+
+    async def push_steps(
+        self, request_id: str, prompt: str | Sequence[int], sampling: Sampling, on_step: StepHandler
+    ) -> None:
+        """Call ``on_step`` with each step of one request and return once the request ended:
+        after its last step, after ``on_step`` returned False (the request is then aborted and
+        hears no more), or with the error that ended it (an exception of ``on_step``'s
+        included). ``on_step`` runs inside the engine's own loop: it must not block."""
+        ...
+
+
+async def drive(
+    engine: Engine,
+    request_id: str,
+    prompt: str | Sequence[int],
+    sampling: Sampling,
+    on_step: StepHandler,
+) -> None:
+    """Run one request, handing each of its steps to ``on_step`` (see ``PushesSteps``): pushed by
+    an engine that can, else pulled from ``generate`` by the calling task."""
+    if isinstance(engine, PushesSteps):
+        await engine.push_steps(request_id, prompt, sampling, on_step)
+        return
+    steps = engine.generate(request_id, prompt, sampling)
+    try:
+        async for step in steps:
+            if not on_step(step):
+                await engine.abort(request_id)
+                return
+            if step.finish_reason is not None:
+                return
+    finally:
+        if isinstance(steps, AsyncGenerator):
+            await steps.aclose()

@@ -10,6 +10,7 @@ this process however it ends (``rag_stream/children.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -19,7 +20,7 @@ from typing import Any, cast
 from rag_stream.children import Starter, environment, spawned_children_die
 from rag_stream.errors import EngineDied, EngineUnavailable
 from rag_stream.generation.detokenize import backend_of
-from rag_stream.generation.engine import EngineStep, Sampling, Tokenizer
+from rag_stream.generation.engine import EngineStep, Sampling, StepHandler, Tokenizer
 from rag_stream.schemas.events import FinishReason
 from rag_stream.settings import Settings
 
@@ -123,9 +124,8 @@ class VLLMEngine:
         apply = getattr(self.tokenizer, "apply_chat_template")  # noqa: B009
         return cast(str, apply(list(messages), tokenize=False, add_generation_prompt=True))
 
-    async def generate(
-        self, request_id: str, prompt: str | Sequence[int], sampling: Sampling
-    ) -> AsyncIterator[EngineStep]:
+    def _request(self, prompt: str | Sequence[int], sampling: Sampling) -> tuple[list[int], Any]:
+        """The prompt's ids and vLLM's sampling parameters for one request."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -143,26 +143,85 @@ class VLLMEngine:
             detokenize=False,  # text comes from our UTF-8-safe detokenizer
             output_kind=RequestOutputKind.DELTA,
         )
+        return ids, params
+
+    def _priority(self, sampling: Sampling) -> int:
+        return sampling.priority if self._priorities else 0
+
+    async def generate(
+        self, request_id: str, prompt: str | Sequence[int], sampling: Sampling
+    ) -> AsyncIterator[EngineStep]:
+        ids, params = self._request(prompt, sampling)
         try:
             stream = self._llm.generate(
                 {"prompt_token_ids": ids},
                 params,
                 request_id=request_id,
-                priority=sampling.priority if self._priorities else 0,
+                priority=self._priority(sampling),
             )
             async for out in stream:
-                completion = out.outputs[0]
-                reason = completion.finish_reason if out.finished else None
-                yield EngineStep(
-                    token_ids=list(completion.token_ids),
-                    prompt_tokens=len(ids),
-                    cached_tokens=out.num_cached_tokens or 0,
-                    finish_reason=_FINISH.get(reason, "stop") if reason else None,
-                )
+                yield _step(out, len(ids))
         except Exception as exc:
-            if type(exc).__name__ == "EngineDeadError":
-                raise EngineDied(f"engine died: {exc}") from exc
+            if (died := _died(exc)) is not None:
+                raise died from exc
             raise
+
+    async def push_steps(
+        self, request_id: str, prompt: str | Sequence[int], sampling: Sampling, on_step: StepHandler
+    ) -> None:
+        """``PushesSteps``: ``on_step`` runs inside vLLM's output handler.
+
+        vLLM hands each request's outputs to a collector of its own (``put``), which wakes the
+        task waiting in ``AsyncLLM.generate``. Here the request's collector is given a ``put``
+        of ours instead, so that one engine step reaches every request's handler in the output
+        handler's own turn: the token phase then costs no task wake a step (the readers' wake
+        is the one left, as in vLLM's own server)."""
+        ids, params = self._request(prompt, sampling)
+        n_prompt = len(ids)
+        ended: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def put(out: Any) -> None:  # never raises: it runs in vLLM's output handler
+            if ended.done():
+                return  # (the abort's last output, after on_step said no more)
+            if isinstance(out, BaseException):
+                ended.set_exception(out)
+                return
+            try:
+                step = _step(out, n_prompt)
+                more = on_step(step)
+            except BaseException as exc:
+                ended.set_exception(exc)
+                return
+            if step.finish_reason is not None or not more:
+                ended.set_result(step.finish_reason is None)  # True: abort it
+
+        try:
+            queue = await self._llm.add_request(
+                request_id,
+                {"prompt_token_ids": ids},
+                params,
+                priority=self._priority(sampling),
+            )
+        except Exception as exc:
+            if (died := _died(exc)) is not None:
+                raise died from exc
+            raise
+        try:
+            early = queue.output  # put before the request was ours (add_request's await)
+            queue.output = None
+            queue.put = put
+            if early is not None:
+                put(early)
+            if await ended:
+                await self._llm.abort(request_id)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):  # (a dead engine: nothing left to abort)
+                await self._llm.abort(queue.request_id, internal=True)
+            if (died := _died(exc)) is not None:
+                raise died from exc
+            raise
+        finally:
+            queue.close()
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
@@ -186,6 +245,25 @@ class VLLMEngine:
             await asyncio.wrap_future(self._starter.submit(self._llm.shutdown))
         finally:
             self._starter.close()
+
+
+def _step(out: Any, n_prompt: int) -> EngineStep:
+    """One of vLLM's (delta) request outputs as an engine step."""
+    completion = out.outputs[0]
+    reason = completion.finish_reason if out.finished else None
+    return EngineStep(
+        token_ids=list(completion.token_ids),
+        prompt_tokens=n_prompt,
+        cached_tokens=out.num_cached_tokens or 0,
+        finish_reason=_FINISH.get(reason, "stop") if reason else None,
+    )
+
+
+def _died(exc: BaseException) -> EngineDied | None:
+    """vLLM's error as ours when it says its engine core is gone."""
+    if type(exc).__name__ == "EngineDeadError":
+        return EngineDied(f"engine died: {exc}")
+    return None
 
 
 def _shut_down(building: Future[Any]) -> None:

@@ -7,14 +7,13 @@ token ids already in the log, which extend the prompt and seed the detokenizer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 from rag_stream.generation.detokenize import Detokenizer, TextDelta
-from rag_stream.generation.engine import Engine, Sampling
+from rag_stream.generation.engine import Engine, EngineStep, Sampling, drive
 from rag_stream.generation.stop_strings import StopStrings, first_stop
 from rag_stream.kinds.plan import TokenPlan
 from rag_stream.schemas.events import Event, FinishReason, Timings, Token, Usage
@@ -60,15 +59,24 @@ async def run_tokens(
     prompt: str | Sequence[int],
     sampling: Sampling,
     run: TokenRun,
+    on_delta: Callable[[TextDelta], bool],
     generated: Sequence[int] = (),
-) -> AsyncGenerator[TextDelta]:
-    """Yield text deltas of one generation; ``run`` holds usage and timings when it ends.
+) -> None:
+    """Hand each text delta of one generation to ``on_delta`` as the engine makes it; ``run``
+    holds usage and timings when it ends. ``on_delta`` returning False ends the generation
+    there (the engine request is aborted, and no held tail follows).
 
-    ``generated`` are token ids already produced for this answer (crash takeover): they seed the
-    detokenizer so the first new delta continues the text exactly.
+    Deltas are made in the engine's own loop when it pushes its steps (``drive``), so
+    ``on_delta`` must not block. ``generated`` are token ids already produced for this answer
+    (crash takeover): they seed the detokenizer so the first new delta continues the text
+    exactly.
     """
     detok = Detokenizer(engine.tokenizer, generated)
-    async for step in engine.generate(request_id, prompt, sampling):
+    stop_ids = engine.stop_token_ids
+    cut = False
+
+    def on_step(step: EngineStep) -> bool:
+        nonlocal cut
         if step.token_ids and run.first_token_at is None:
             run.first_token_at = time.monotonic()
         run.prompt_tokens = step.prompt_tokens
@@ -78,17 +86,21 @@ async def run_tokens(
         # a reader that fell behind, or a speculative step): an event then holds what the
         # stream's coalescing rule says, not whatever the engine's pace happened to be.
         for token_id in step.token_ids:
-            if token_id not in engine.stop_token_ids:
+            if token_id not in stop_ids:
                 delta = detok.push((token_id,))
-                if delta is not None:
-                    yield delta
+                if delta is not None and not on_delta(delta):
+                    cut = True
+                    return False
         if step.finish_reason is not None:
             run.finish_reason = step.finish_reason
-            break
-    tail = detok.finish()
-    if tail is not None:
-        yield tail
-    run.finished_at = time.monotonic()
+        return True
+
+    await drive(engine, request_id, prompt, sampling, on_step)
+    if not cut:
+        tail = detok.finish()
+        if tail is not None:
+            on_delta(tail)
+    run.finished_at = run.finished_at or time.monotonic()
 
 
 @dataclass
@@ -110,10 +122,13 @@ class TokenOutput:
         return "".join(self.pieces)
 
 
+def _one_token(d: TextDelta, event_id: int) -> Token:
+    return Token(id=event_id, index=d.index, text=d.text, token_ids=d.token_ids)
+
+
 def _token(deltas: Sequence[TextDelta], event_id: int) -> Token:
     if len(deltas) == 1:
-        d = deltas[0]
-        return Token(id=event_id, index=d.index, text=d.text, token_ids=d.token_ids)
+        return _one_token(deltas[0], event_id)
     return Token(
         id=event_id,
         index=deltas[0].index,
@@ -134,8 +149,13 @@ class Coalescer:
         self._pending: list[TextDelta] = []
         self._count = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._alone = rule.tokens <= 1 or rule.ms <= 0  # every delta is an event of its own
 
     def add(self, delta: TextDelta) -> None:
+        if self._alone:  # (nothing is ever pending: the common rule, made short)
+            self._ctx.emit(partial(_one_token, delta))
+            self._out.pieces.append(delta.text)
+            return
         self._pending.append(delta)
         self._count += len(delta.token_ids)
         if self._count >= self._rule.tokens or self._rule.ms <= 0:
@@ -171,19 +191,21 @@ async def token_phase(
     sampling = plan.sampling(len(logged))
     events = Coalescer(ctx, plan.coalesce, out)
     stops = StopStrings(plan.stop)
+    writer = ctx.writer
+
+    def on_delta(delta: TextDelta) -> bool:
+        shown = stops.push(delta)
+        if shown is not None:
+            events.add(shown)
+        if stops.hit:
+            run.finish_reason = "stop"
+            run.finished_at = time.monotonic()
+            return False
+        return writer.stop_reason is None  # stopped (ctx.check below raises): no more
+
     try:
-        deltas = run_tokens(engine, ctx.run_id, prompt, sampling, run, logged)
-        async with contextlib.aclosing(deltas):
-            async for delta in deltas:
-                shown = stops.push(delta)
-                if shown is not None:
-                    events.add(shown)
-                if stops.hit:
-                    await engine.abort(ctx.run_id)
-                    run.finish_reason = "stop"
-                    run.finished_at = time.monotonic()
-                    break
-                ctx.check()
+        await run_tokens(engine, ctx.run_id, prompt, sampling, run, on_delta, logged)
+        ctx.check()
         tail = stops.finish()
         if tail is not None:
             events.add(tail)
@@ -191,7 +213,6 @@ async def token_phase(
         events.flush()  # whatever was generated goes out, whatever ends the phase
     run.completion_tokens += len(logged)
     run.prompt_tokens = len(plan.prompt_ids)
-    ctx.check()
     return run.finish_reason
 
 

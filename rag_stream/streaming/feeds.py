@@ -47,14 +47,19 @@ class Feed:
     checked_at: float = 0.0  # when a reader last checked on the producer (one check per feed)
     ended: bool = False
     catching_up: bool = False  # its first reader is filling it from the log: no tail read yet
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    changes: int = 0  # how many times it changed (``wake``): a reader's note of where it looked
+    _waiting: list[asyncio.Future[None]] = field(default_factory=list)
 
     def push(self, events: Sequence[Event]) -> None:
-        fresh = [e for e in events if e.id > self.last_id]
-        if not fresh:
+        if not events:
             return
-        if fresh[0].id != self.last_id + 1:
-            self.events.clear()  # never keep a window with a hole: readers catch up from the log
+        fresh = events
+        if events[0].id != self.last_id + 1:  # (a batch that follows on is taken as it is)
+            fresh = [e for e in events if e.id > self.last_id]
+            if not fresh:
+                return
+            if fresh[0].id != self.last_id + 1:
+                self.events.clear()  # never keep a window with a hole: readers read the log
         self.events.extend(fresh)
         if len(self.events) > self.window:
             del self.events[: len(self.events) - self.window]
@@ -64,8 +69,24 @@ class Feed:
 
     def wake(self) -> None:
         """Wake every reader waiting on this feed."""
-        self.changed.set()
-        self.changed = asyncio.Event()
+        self.changes += 1
+        waiting, self._waiting = self._waiting, []
+        for waiter in waiting:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def changed_since(self, changes: int) -> None:
+        """Return once the feed changed after a reader noted ``changes`` (at once if it has)."""
+        if self.changes != changes:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter.cancelled():  # (its reader gave up waiting: a timeout, or it left)
+                with contextlib.suppress(ValueError):  # (a wake took the list already)
+                    self._waiting.remove(waiter)
 
     def after(self, cursor: int) -> list[Event] | None:
         """Events after ``cursor`` held here, or None if the cursor is older than the window."""

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from operator import attrgetter
 from typing import Protocol
 
 from redis.exceptions import RedisError
@@ -27,6 +28,7 @@ from rag_stream.streaming.event_log import Append, AppendResult, EventLog
 from rag_stream.streaming.redis_conn import retry_redis
 
 logger = logging.getLogger(__name__)
+_RENEW_DUE = attrgetter("renew_due")
 
 
 class Flushable(Protocol):
@@ -71,7 +73,7 @@ class Flusher:
     async def _run(self) -> None:
         while self._writers or self._requested:
             if not self._requested:
-                renew_at = min(w.renew_due for w in self._writers)
+                renew_at = min(map(_RENEW_DUE, self._writers))
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, renew_at - time.monotonic())):
                         await self._wake.wait()

@@ -17,6 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from redis.exceptions import RedisError
 
@@ -160,8 +161,8 @@ class Producers:
             self.owner,
             next_id,
             self.cfg,
-            publish=lambda events: feeds.publish(sid, events),
-            local_seen_ms=lambda: feeds.local_seen_ms(sid),
+            publish=partial(feeds.publish, sid),
+            local_seen_ms=partial(feeds.local_seen_ms, sid),
             abandonable=not new.detached,
             abandon_after_s=new.abandon_after_s,
             taken_over=taken_over,

@@ -59,7 +59,7 @@ class Readers:
         page = FIRST_PAGE
         try:
             while True:
-                changed = feed.changed
+                changes = feed.changes
                 try:
                     events = None if from_log else feed.after(cursor)
                     if events is None:  # from the log: older than the feed holds, or a new feed
@@ -75,22 +75,21 @@ class Readers:
                     yield [log_unavailable(exc)]
                     return
                 if events:
-                    end = next((i for i, e in enumerate(events) if is_terminal(e)), None)
-                    if end is not None:
-                        yield events[: end + 1]
-                        return
+                    # a terminal event is the log's last: it ends any batch it is in
                     yield events
+                    if is_terminal(events[-1]):
+                        return
                     cursor = events[-1].id
                     continue
                 if feed.local:
                     # this process produces it: its next batch, its end, or its giving up
                     # (``Feeds.stop_producing``) all wake the feed; no timer needed
-                    await changed.wait()
+                    await feed.changed_since(changes)
                     continue
                 # (asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._check_s):
-                        await changed.wait()
+                        await feed.changed_since(changes)
                         continue
                 if time.monotonic() - feed.checked_at < self._check_s:
                     continue  # another reader of this feed has just checked

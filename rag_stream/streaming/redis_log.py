@@ -28,7 +28,6 @@ tells a dead producer from a slow one without waiting for its lease to expire.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 
@@ -46,27 +45,29 @@ from rag_stream.streaming.event_log import (
     StreamMeta,
     now_ms,
 )
-from rag_stream.streaming.script_line import ScriptLine
+from rag_stream.streaming.script_line import Call, LuaScript, ScriptLine, SharedLine
 
 # Streams per call of the append script: bounds how long one call holds Redis; a larger flush
 # is several calls, sent together in one write (script_line.py).
 MAX_STREAMS_PER_CALL = 128
 
-# Several streams' batches in one call. KEYS: (log, meta, lease) per stream. ARGV[1]: a JSON
-# array with, per stream in KEYS' order, [owner, lease_ms, after (entry id the log must end
-# with), last (entry id of the batch's last event: a retry of a batch that landed), [entry id,
-# event json, entry id, event json, ...]]. One argument, not a dozen a stream: redis-py packed
-# each argument in Python, half of what an append cost the API process then. Returns
+# Several streams' batches in one call. KEYS: (log, meta, lease) per stream. ARGV, per stream in
+# KEYS' order: owner, lease_ms, after (entry id the log must end with), last (entry id of the
+# batch's last event: a retry of a batch that landed), the number of events n, then n pairs of
+# entry id and event json. hiredis packs the arguments in C (script_line.py), so an argument
+# each costs less than one JSON document to build, escape and decode again. Returns
 # (status, cancel, seen) per stream; status 1 written, 0 another owner holds the lease, -1 the
 # log does not end where the writer left it (lost), -2 the log refused the ids (another
 # writer's).
-_APPEND = """
+_APPEND = LuaScript(
+    """
 local out = {}
-local batches = cjson.decode(ARGV[1])
-for s = 1, #batches do
+local a = 1
+for s = 1, #KEYS / 3 do
   local log, meta, lease = KEYS[3 * s - 2], KEYS[3 * s - 1], KEYS[3 * s]
-  local b = batches[s]
-  local owner, lease_ms, after, last, entries = b[1], b[2], b[3], b[4], b[5]
+  local owner, lease_ms, after, last = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local first, stop = a + 5, a + 4 + 2 * tonumber(ARGV[a + 4])
+  a = stop + 1
   local status, cancel, seen = 1, 0, 0
   local holder = redis.call('GET', lease)
   local top = ''
@@ -86,8 +87,8 @@ for s = 1, #batches do
       redis.call('SET', lease, owner, 'PX', lease_ms)
     end
     if top == after then
-      for i = 1, #entries, 2 do
-        local added = redis.pcall('XADD', log, entries[i], 'e', entries[i + 1])
+      for i = first, stop, 2 do
+        local added = redis.pcall('XADD', log, ARGV[i], 'e', ARGV[i + 1])
         if type(added) == 'table' and added.err then
           status = -2
           break
@@ -103,11 +104,35 @@ for s = 1, #batches do
 end
 return out
 """
+)
+
+# KEYS: meta, lease, log, active, then the keys of the stream's aliases. ARGV: ttl_s, owner,
+# lease_ms, the first event's entry id and json, stream_id, its score in the active set (when
+# created), then the meta's fields as name, value pairs. One call where a MULTI/EXEC of six or
+# more cost the API process a redis-py command each. A stream that exists is left as it is: the
+# call was sent again after its reply was lost (script_line.py), and stream ids are random.
+_CREATE = LuaScript(
+    """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local ttl = ARGV[1]
+local fields = {}
+for i = 8, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('XADD', KEYS[3], ARGV[4], 'e', ARGV[5])
+redis.call('EXPIRE', KEYS[3], ttl)
+redis.call('ZADD', KEYS[4], ARGV[7], ARGV[6])
+for i = 5, #KEYS do redis.call('SET', KEYS[i], ARGV[6], 'EX', ttl) end
+return 1
+"""
+)
 
 # KEYS: meta, lease, active, log.
 # ARGV: owner, status, finish_reason, retention_s, stream_id, after, last, then (id, json) pairs.
 # The last events (the terminal one included) and the status change land together.
-_FINISH = """
+_FINISH = LuaScript(
+    """
 local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[1] then return 0 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
@@ -126,12 +151,14 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[4], ARGV[4])
 return 1
 """
+)
 
 # KEYS: meta, lease, active, log. ARGV: owner, retention_s, stream_id, error entry id, error
 # json, then the stream's creation fields as name, value pairs (model, kind, tenant, wire...:
 # a resume must still find whose stream it is and in which format it is read). The log lost
 # its head: say so, so nobody extends or trusts it.
-_MARK_LOST = """
+_MARK_LOST = LuaScript(
+    """
 local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'error', 'finish_reason', 'log_lost')
@@ -147,20 +174,24 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('EXPIRE', KEYS[4], ARGV[2])
 return 1
 """
+)
 
 # KEYS: meta hashes. ARGV: field, value. Sets the field only in the hashes that exist: a
 # reader's heartbeat, a cancel or a plan must not bring back a stream whose meta expired (or
 # was lost with a Redis restarted empty), as a hash that would never expire.
-_TOUCH = """
+_TOUCH = LuaScript(
+    """
 for i = 1, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('HSET', KEYS[i], ARGV[1], ARGV[2]) end
 end
 return 0
 """
+)
 
 # KEYS: lease, meta. ARGV: owner, lease_ms, stale owner ('' for none). Take the lease of a
 # running stream if nobody holds it, or if its holder is the given (dead) process.
-_ACQUIRE = """
+_ACQUIRE = LuaScript(
+    """
 if redis.call('HGET', KEYS[2], 'status') ~= 'running' then return 0 end
 local holder = redis.call('GET', KEYS[1])
 if (not holder) or (ARGV[3] ~= '' and holder == ARGV[3]) then
@@ -169,6 +200,7 @@ if (not holder) or (ARGV[3] ~= '' and holder == ARGV[3]) then
 end
 return 0
 """
+)
 
 
 def entry_id(event_id: int) -> str:
@@ -176,8 +208,7 @@ def entry_id(event_id: int) -> str:
 
 
 def _entry_args(events: Sequence[Event]) -> list[str]:
-    """(entry id, event JSON) pairs: a stream's entries in the append's JSON, and the finish
-    script's last arguments."""
+    """(entry id, event JSON) pairs: a stream's entries in the append's and finish's arguments."""
     args: list[str] = []
     for event in events:
         args += [entry_id(event.id), event.as_json]
@@ -198,11 +229,13 @@ class RedisEventLog:
         self._r = redis
         self._p = prefix
         self._running_ttl = running_ttl_s
-        self._append_line = ScriptLine(redis, _APPEND)  # the hot call: a step's appends
-        self._finish = redis.register_script(_FINISH)
-        self._mark_lost = redis.register_script(_MARK_LOST)
-        self._acquire = redis.register_script(_ACQUIRE)
-        self._touch = redis.register_script(_TOUCH)
+        # (script_line.py) the hot call, a step's appends, on a line of its own; a stream's
+        # other writes on another, shared by its producers
+        self._append_line = ScriptLine(redis)
+        self._writes = SharedLine(ScriptLine(redis))
+        self._mark_lost = redis.register_script(_MARK_LOST.source)
+        self._acquire = redis.register_script(_ACQUIRE.source)
+        self._touch = redis.register_script(_TOUCH.source)
         self._presence: Redis | None = None
 
     def _keys(self, sid: str) -> tuple[str, str, str]:
@@ -234,24 +267,15 @@ class RedisEventLog:
         plan_json: str | None = None,
     ) -> None:
         log, meta_key, lease = self._keys(stream_id)
-        fields: dict[bytes | bytearray | memoryview[int] | str | int | float, str | int] = {
-            "status": "running",
-            "seen": str(now_ms()),
-        }
-        fields.update(new.fields())
+        fields = {"status": "running", "seen": str(now_ms()), **new.fields()}
         if plan_json is not None:
             fields["plan"] = plan_json
+        keys = [meta_key, lease, log, self._active]
+        keys += [self._alias(new.tenant, alias) for alias in new.aliases]
+        args = [str(self._running_ttl), owner, str(lease_ms), entry_id(first.id), first.as_json]
+        args += [stream_id, repr(time.time()), *(x for pair in fields.items() for x in pair)]
         try:
-            async with self._r.pipeline(transaction=True) as pipe:
-                pipe.hset(meta_key, mapping=fields)
-                pipe.expire(meta_key, self._running_ttl)
-                pipe.set(lease, owner, px=lease_ms)
-                pipe.xadd(log, {"e": first.as_json}, id=entry_id(first.id))
-                pipe.expire(log, self._running_ttl)
-                pipe.zadd(self._active, {stream_id: time.time()})
-                for alias in new.aliases:
-                    pipe.set(self._alias(new.tenant, alias), stream_id, ex=self._running_ttl)
-                await pipe.execute()
+            await self._writes.call(_CREATE, keys, args)
         except RedisError as exc:
             raise EventLogUnavailable(f"event log (Redis) unavailable: {exc}") from exc
 
@@ -272,16 +296,17 @@ class RedisEventLog:
             for i in range(0, len(flat), 3)
         ]
 
-    def _append_call(self, batches: Sequence[Append]) -> tuple[list[str], list[str]]:
-        """One call of the append script: its keys, and its one argument (``_APPEND``)."""
+    def _append_call(self, batches: Sequence[Append]) -> Call:
+        """One call of the append script: its keys and arguments (``_APPEND``)."""
         keys: list[str] = []
-        packed: list[list[object]] = []
+        args: list[str] = []
         for b in batches:
             keys += self._keys(b.stream_id)
-            last = b.events[-1].id if b.events else b.after
-            after_id, last_id = entry_id(b.after), entry_id(last)
-            packed.append([b.owner, str(b.lease_ms), after_id, last_id, _entry_args(b.events)])
-        return keys, [json.dumps(packed, ensure_ascii=False, separators=(",", ":"))]
+            events = b.events
+            last = events[-1].id if events else b.after
+            args += [b.owner, str(b.lease_ms), entry_id(b.after), entry_id(last), str(len(events))]
+            args += _entry_args(events)
+        return _APPEND, keys, args
 
     async def read(
         self, stream_id: str, after: int, block_ms: int | None, count: int = READ_PAGE
@@ -334,7 +359,7 @@ class RedisEventLog:
 
     async def set_plan(self, stream_id: str, plan_json: str) -> None:
         # (into a meta that exists: Redis restarted empty, the next append finds the log lost)
-        await self._touch(keys=[self._keys(stream_id)[1]], args=["plan", plan_json])
+        await self._writes.call(_TOUCH, [self._keys(stream_id)[1]], ["plan", plan_json])
 
     async def finish(
         self,
@@ -348,9 +373,9 @@ class RedisEventLog:
     ) -> FinishResult:
         log, meta_key, lease = self._keys(stream_id)
         last = events[-1].id if events else after
-        args: list[str | int] = [owner, status, finish_reason, retention_s, stream_id]
+        args = [owner, status, finish_reason, str(retention_s), stream_id]
         args += [entry_id(after), entry_id(last), *_entry_args(events)]
-        done = await self._finish(keys=[meta_key, lease, self._active, log], args=args)
+        done = await self._writes.call(_FINISH, [meta_key, lease, self._active, log], args)
         return {1: "done", 0: "lease_lost"}.get(int(done), "log_lost")  # type: ignore[return-value]
 
     async def mark_lost(

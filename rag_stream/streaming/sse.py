@@ -116,7 +116,7 @@ def event_stream_response(
 ) -> EventSourceResponse:
     async def chunks() -> AsyncIterator[bytes]:
         async for batch in batches:
-            yield b"".join(frame(event) for event in batch)
+            yield frame(batch[0]) if len(batch) == 1 else b"".join(map(frame, batch))
 
     return sse_response(chunks(), keepalive_s, headers)
 

@@ -26,6 +26,9 @@ from rag_stream.streaming.flusher import Flusher
 logger = logging.getLogger(__name__)
 
 StopReason = Literal["cancelled", "abandoned", "lost", "log_unavailable", "log_lost"]
+# How often a writer asks whether its stream was abandoned: a window is seconds long, and the
+# question (this process's readers, then the clock) cost about 2 % of the CPU a token.
+ABANDON_CHECK_S = 0.1
 # Reasons after which this writer must not touch the stream again.
 GONE: frozenset[StopReason] = frozenset({"lost", "log_unavailable", "log_lost"})
 
@@ -66,11 +69,13 @@ class StreamWriter:
         self._stopping: asyncio.Task[None] | None = None
         self._buffer: list[Event] = []
         self._sending: list[Event] = []  # the batch in flight
-        self._in_flight: asyncio.Future[None] | None = None
+        self._flushing = False  # a batch is in flight (begin_flush, until end_flush)
+        self._flushed: asyncio.Future[None] | None = None  # close() waits on it for that batch
         self.next_id = next_id
         self.logged_id = next_id - 1  # the last event known to be in the log
         self.stop_reason: StopReason | None = None
         self.renew_due = time.monotonic() + cfg.renew_interval_s
+        self._abandon_check_at = 0.0  # (time.monotonic()) when _abandoned is next asked
         flusher.add(self)
 
     def emit(self, make: Callable[[int], Event]) -> Event:
@@ -90,18 +95,21 @@ class StreamWriter:
             return None
         cap = self._cfg.append_max_events  # the rest goes in the next flush (end_flush asks)
         self._sending, self._buffer = self._buffer[:cap], self._buffer[cap:]
-        self._in_flight = asyncio.get_running_loop().create_future()
+        self._flushing = True
         return Append(self._sid, self._owner, self._sending, self._cfg.lease_ms, self.logged_id)
 
     def end_flush(self, result: AppendResult | None) -> None:
         batch, self._sending = self._sending, []
-        if self._in_flight is not None and not self._in_flight.done():
-            self._in_flight.set_result(None)
-        self._in_flight = None
+        self._flushing = False
+        if self._flushed is not None:
+            if not self._flushed.done():
+                self._flushed.set_result(None)
+            self._flushed = None
         if result is not None and result.owned and batch:
             self.logged_id = batch[-1].id
             self._publish(batch)
-        self.renew_due = time.monotonic() + self._cfg.renew_interval_s
+        now = time.monotonic()
+        self.renew_due = now + self._cfg.renew_interval_s
         if result is None:
             self._stop("log_unavailable")
         elif result.superseded:
@@ -112,13 +120,15 @@ class StreamWriter:
             self._stop("lost")
         elif result.cancel:
             self._stop("cancelled")
-        elif self._abandoned(result.reader_seen_ms):
+        elif now >= self._abandon_check_at and self._abandoned(result.reader_seen_ms):
             self._stop("abandoned")
         if self._buffer and self.stop_reason not in GONE:
             self._flusher.request(self)  # emitted while the batch was in flight
 
     def _abandoned(self, seen_ms: int) -> bool:
-        """No reader anywhere (this process's, or another's heartbeat in the log) for a while."""
+        """No reader anywhere (this process's, or another's heartbeat in the log) for a while.
+        Asked at most every ``ABANDON_CHECK_S``, not at every flush (every engine step)."""
+        self._abandon_check_at = time.monotonic() + ABANDON_CHECK_S
         seen = max(seen_ms, self._local_seen_ms())
         limit = self._abandon_after_s if seen > self._since_ms else self._first_window_s
         if not self._abandonable or limit <= 0:
@@ -155,8 +165,10 @@ class StreamWriter:
         """Leave the flusher after any flush in flight (never cut one in half: its events may
         or may not be in the log). The caller then writes the rest with finish()."""
         self._flusher.remove(self)
-        if self._in_flight is not None:
-            await asyncio.shield(self._in_flight)
+        if self._flushing:
+            if self._flushed is None:
+                self._flushed = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._flushed)
         if self._stopping is not None:
             await self._stopping
 

@@ -1,7 +1,7 @@
-"""The event log's appends on a connection of their own (``streaming/script_line.py``), against
+"""The event log's scripts on connections of their own (``streaming/script_line.py``), against
 the real Redis: replies in order, a failed call that leaves the line usable, a Redis without the
-script, a connection killed under the line, a Redis that stops answering, and an append of more
-streams than one call takes."""
+script, a connection killed under the line, a Redis that stops answering, an append of more
+streams than one call takes, and a line many callers share."""
 
 from __future__ import annotations
 
@@ -20,15 +20,16 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rag_stream.schemas.events import StreamStarted, Token
 from rag_stream.streaming.event_log import Append, NewStream
 from rag_stream.streaming.redis_log import MAX_STREAMS_PER_CALL, RedisEventLog, entry_id
-from rag_stream.streaming.script_line import ScriptLine
+from rag_stream.streaming.script_line import LuaScript, ScriptLine, SharedLine
 from tests.conftest import REDIS_URL
 from tests.support.redis_server import RedisServer
 
 # echoes its key and argument; an argument "fail" makes it answer with an error
-ECHO = """
+ECHO_SOURCE = """
 if ARGV[1] == 'fail' then return redis.error_reply('ERR asked to fail') end
 return {KEYS[1], ARGV[1]}
 """
+ECHO = LuaScript(ECHO_SOURCE)
 
 
 @pytest.fixture
@@ -44,29 +45,35 @@ async def test_calls_sent_together_get_their_own_replies_and_a_failed_one_leaves
     named: tuple[Redis, str],
 ) -> None:
     client, _ = named
-    line = ScriptLine(client, ECHO)
-    assert await line.run([(["a"], ["1"]), (["b"], ["2"])]) == [[b"a", b"1"], [b"b", b"2"]]
+    line = ScriptLine(client)
+    assert await line.run([(ECHO, ["a"], ["1"]), (ECHO, ["b"], ["2"])]) == [
+        [b"a", b"1"],
+        [b"b", b"2"],
+    ]
     with pytest.raises(ResponseError, match="asked to fail"):
-        await line.run([(["c"], ["3"]), (["d"], ["fail"]), (["e"], ["5"])])
+        await line.run([(ECHO, ["c"], ["3"]), (ECHO, ["d"], ["fail"]), (ECHO, ["e"], ["5"])])
     # every reply of the failed run was read: the next call gets its own, not "e"'s
-    assert await line.run([(["f"], ["6"])]) == [[b"f", b"6"]]
+    assert await line.run([(ECHO, ["f"], ["6"])]) == [[b"f", b"6"]]
 
 
-def unique(script: str) -> str:
-    """The script made one Redis has never seen (so this test need not flush the others')."""
-    return script + f"-- {uuid.uuid4().hex}\n"
+def unique() -> LuaScript:
+    """The echo made one Redis has never seen (so this test need not flush the others')."""
+    return LuaScript(ECHO_SOURCE + f"-- {uuid.uuid4().hex}\n")
 
 
 async def test_a_script_redis_does_not_have_is_given_to_it(named: tuple[Redis, str]) -> None:
     client, _ = named
-    line = ScriptLine(client, unique(ECHO))
-    assert await line.run([(["a"], ["1"]), (["b"], ["2"])]) == [[b"a", b"1"], [b"b", b"2"]]
+    line = ScriptLine(client)
+    new = unique()
+    calls = [(new, ["a"], ["1"]), (ECHO, ["b"], ["2"]), (new, ["c"], ["3"])]
+    assert await line.run(calls) == [[b"a", b"1"], [b"b", b"2"], [b"c", b"3"]]
 
 
 async def test_a_connection_killed_under_the_line_is_replaced(named: tuple[Redis, str]) -> None:
     """As after a restart of Redis: the line's connection is dead and the script unknown."""
     client, name = named
-    line = ScriptLine(client, unique(ECHO))
+    line = ScriptLine(client)
+    echo = unique()
     assert await line.run([]) == []  # the line's connection is open; its script not sent yet
     killer = Redis.from_url(REDIS_URL)
     try:
@@ -76,8 +83,8 @@ async def test_a_connection_killed_under_the_line_is_replaced(named: tuple[Redis
             await killer.client_kill_filter(_id=client_id)
     finally:
         await killer.aclose()
-    assert await line.run([(["b"], ["2"])]) == [[b"b", b"2"]]
-    assert await line.run([(["c"], ["3"])]) == [[b"c", b"3"]]
+    assert await line.run([(echo, ["b"], ["2"])]) == [[b"b", b"2"]]
+    assert await line.run([(echo, ["c"], ["3"])]) == [[b"c", b"3"]]
 
 
 async def test_a_redis_that_stops_answering_times_a_run_out_and_the_line_recovers(
@@ -87,17 +94,17 @@ async def test_a_redis_that_stops_answering_times_a_run_out_and_the_line_recover
     server.start()
     assert server.proc is not None
     client = Redis.from_url(server.url)
-    line = ScriptLine(client, ECHO, timeout_s=0.2)
+    line = ScriptLine(client, timeout_s=0.2)
     try:
-        assert await line.run([(["a"], ["1"])]) == [[b"a", b"1"]]
+        assert await line.run([(ECHO, ["a"], ["1"])]) == [[b"a", b"1"]]
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
             with pytest.raises(RedisTimeoutError):
-                await line.run([(["b"], ["2"])])
+                await line.run([(ECHO, ["b"], ["2"])])
         finally:
             os.kill(server.proc.pid, signal.SIGCONT)
         # a new connection: no reply to the runs that timed out is read as this one's
-        assert await line.run([(["c"], ["3"])]) == [[b"c", b"3"]]
+        assert await line.run([(ECHO, ["c"], ["3"])]) == [[b"c", b"3"]]
     finally:
         await client.aclose()
         server.kill()
@@ -105,11 +112,11 @@ async def test_a_redis_that_stops_answering_times_a_run_out_and_the_line_recover
 
 async def test_one_caller_at_a_time(named: tuple[Redis, str]) -> None:
     client, _ = named
-    line = ScriptLine(client, ECHO)
-    first = asyncio.ensure_future(line.run([(["a"], ["1"])]))
+    line = ScriptLine(client)
+    first = asyncio.ensure_future(line.run([(ECHO, ["a"], ["1"])]))
     await asyncio.sleep(0)  # the first run is in flight
     with pytest.raises(RuntimeError, match="one caller"):
-        await line.run([(["b"], ["2"])])
+        await line.run([(ECHO, ["b"], ["2"])])
     assert await first == [[b"a", b"1"]]
 
 
@@ -143,3 +150,35 @@ async def test_an_append_of_more_streams_than_one_call_takes_lands_each_in_order
         keys = [k for sid in sids for k in log._keys(sid)]
         await client.delete(*keys, log._active)
         await client.aclose()
+
+
+async def test_a_shared_line_answers_each_caller_with_its_own_reply(
+    named: tuple[Redis, str],
+) -> None:
+    """Callers asking while a write is out are answered each with their own reply, a failed
+    call failing only its caller, from a later write of them all together."""
+    client, _ = named
+    shared = SharedLine(ScriptLine(client))
+    first = asyncio.ensure_future(shared.call(ECHO, ["a"], ["1"]))
+    await asyncio.sleep(0)  # the line's task has sent the first call: the others wait
+    later = [
+        asyncio.ensure_future(shared.call(ECHO, [str(i)], ["fail" if i == 3 else str(i)]))
+        for i in range(6)
+    ]
+    assert await first == [b"a", b"1"]
+    for i, call in enumerate(later):
+        if i == 3:
+            with pytest.raises(ResponseError, match="asked to fail"):
+                await call
+        else:
+            assert await call == [str(i).encode(), str(i).encode()]
+
+
+async def test_a_caller_that_leaves_takes_no_other_call_with_it(named: tuple[Redis, str]) -> None:
+    client, _ = named
+    shared = SharedLine(ScriptLine(client))
+    calls = [asyncio.ensure_future(shared.call(ECHO, [str(i)], [str(i)])) for i in range(4)]
+    await asyncio.sleep(0)
+    calls[1].cancel()
+    assert [await calls[i] for i in (0, 2, 3)] == [[b"0", b"0"], [b"2", b"2"], [b"3", b"3"]]
+    assert await shared.call(ECHO, ["z"], ["9"]) == [b"z", b"9"]  # and the line goes on
