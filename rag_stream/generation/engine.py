@@ -104,6 +104,17 @@ async def drive(
     if isinstance(engine, PushesSteps):
         await engine.push_steps(request_id, prompt, sampling, on_step)
         return
+    await pull_steps(engine, request_id, prompt, sampling, on_step)
+
+
+async def pull_steps(
+    engine: Engine,
+    request_id: str,
+    prompt: str | Sequence[int],
+    sampling: Sampling,
+    on_step: StepHandler,
+) -> None:
+    """``drive`` by the calling task: each step pulled from ``generate``."""
     steps = engine.generate(request_id, prompt, sampling)
     try:
         async for step in steps:

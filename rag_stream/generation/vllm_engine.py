@@ -20,7 +20,13 @@ from typing import Any, cast
 from rag_stream.children import Starter, environment, spawned_children_die
 from rag_stream.errors import EngineDied, EngineUnavailable
 from rag_stream.generation.detokenize import backend_of
-from rag_stream.generation.engine import EngineStep, Sampling, StepHandler, Tokenizer
+from rag_stream.generation.engine import (
+    EngineStep,
+    Sampling,
+    StepHandler,
+    Tokenizer,
+    pull_steps,
+)
 from rag_stream.schemas.events import FinishReason
 from rag_stream.settings import Settings
 
@@ -45,6 +51,12 @@ class VLLMEngine:
         # Under "fcfs" vLLM takes requests in arrival order; a priority is then meaningless, and
         # older vLLM versions refuse one, so none is sent.
         self._priorities = llm.vllm_config.scheduler_config.policy == "priority"
+        self._pushes = _collectors_take_put()
+        if not self._pushes:
+            log.warning(
+                "engine: this vLLM does not hand outputs to a request's collector through its "
+                "put(); each token is pulled by its producer's task (more CPU a token)"
+            )
 
     @classmethod
     async def start(cls, settings: Settings, **engine_overrides: Any) -> VLLMEngine:
@@ -176,6 +188,9 @@ class VLLMEngine:
         of ours instead, so that one engine step reaches every request's handler in the output
         handler's own turn: the token phase then costs no task wake a step (the readers' wake
         is the one left, as in vLLM's own server)."""
+        if not self._pushes:
+            await pull_steps(self, request_id, prompt, sampling, on_step)
+            return
         ids, params = self._request(prompt, sampling)
         n_prompt = len(ids)
         ended: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -257,6 +272,27 @@ def _step(out: Any, n_prompt: int) -> EngineStep:
         cached_tokens=out.num_cached_tokens or 0,
         finish_reason=_FINISH.get(reason, "stop") if reason else None,
     )
+
+
+def _collectors_take_put() -> bool:
+    """Whether the installed vLLM hands each request's outputs to its collector by calling the
+    collector's ``put``, and keeps one not yet taken in its ``output``: what ``push_steps``
+    replaces and reads. Checked in vLLM's own source, so that a release that works otherwise
+    makes the engine pull its steps rather than wait for a call that never comes."""
+    import inspect
+
+    from vllm.v1.engine import output_processor
+
+    collector = getattr(output_processor, "RequestOutputCollector", None)
+    processor = getattr(output_processor, "OutputProcessor", None)
+    if collector is None or processor is None or not callable(getattr(collector, "put", None)):
+        return False
+    try:
+        calls_put = ".queue.put(" in inspect.getsource(processor)
+        keeps_output = "self.output" in inspect.getsource(collector)
+    except (OSError, TypeError):  # (no source installed)
+        return False
+    return calls_put and keeps_output
 
 
 def _died(exc: BaseException) -> EngineDied | None:

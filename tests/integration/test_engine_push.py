@@ -115,12 +115,35 @@ async def test_cancelling_the_caller_aborts_the_request(engine: VLLMEngine) -> N
     assert await _answers(engine)
 
 
-async def _answers(engine: VLLMEngine) -> list[int]:
+async def _answers(engine: VLLMEngine, tokens: int = 4) -> list[int]:
     ids: list[int] = []
 
     def on_step(step: EngineStep) -> bool:
         ids.extend(step.token_ids)
         return True
 
-    await drive(engine, f"after-{next(_AFTER)}", PROMPT, Sampling(max_tokens=4), on_step)
+    await drive(engine, f"after-{next(_AFTER)}", PROMPT, Sampling(max_tokens=tokens), on_step)
     return ids
+
+
+async def test_a_vllm_whose_collectors_take_no_put_is_pulled(engine: VLLMEngine) -> None:
+    """``_collectors_take_put`` found the installed vLLM's contract (the test above pushes);
+    where a release lacks it, the engine pulls its steps, with the same tokens, rather than
+    wait for calls that never come."""
+    steps: list[EngineStep] = []
+    in_handler: list[bool] = []
+
+    def on_step(step: EngineStep) -> bool:
+        steps.append(step)
+        in_handler.append(asyncio.current_task() is engine._llm.output_handler)
+        return True
+
+    pushed = await _answers(engine, 12)
+    engine._pushes = False
+    try:
+        await drive(engine, "pulled", PROMPT, Sampling(max_tokens=12), on_step)
+    finally:
+        engine._pushes = True
+    assert in_handler and not any(in_handler)
+    assert [t for s in steps for t in s.token_ids] == pushed
+    assert _held(engine) == []
