@@ -120,15 +120,18 @@ class StreamWriter:
             self._stop("lost")
         elif result.cancel:
             self._stop("cancelled")
-        elif now >= self._abandon_check_at and self._abandoned(result.reader_seen_ms):
+        elif self._abandoned(result.reader_seen_ms, now):
             self._stop("abandoned")
         if self._buffer and self.stop_reason not in GONE:
             self._flusher.request(self)  # emitted while the batch was in flight
 
-    def _abandoned(self, seen_ms: int) -> bool:
+    def _abandoned(self, seen_ms: int, now: float) -> bool:
         """No reader anywhere (this process's, or another's heartbeat in the log) for a while.
-        Asked at most every ``ABANDON_CHECK_S``, not at every flush (every engine step)."""
-        self._abandon_check_at = time.monotonic() + ABANDON_CHECK_S
+        Answered at most every ``ABANDON_CHECK_S`` (``now``: time.monotonic()), not at every
+        flush (every engine step); False in between."""
+        if now < self._abandon_check_at:
+            return False
+        self._abandon_check_at = now + ABANDON_CHECK_S
         seen = max(seen_ms, self._local_seen_ms())
         limit = self._abandon_after_s if seen > self._since_ms else self._first_window_s
         if not self._abandonable or limit <= 0:

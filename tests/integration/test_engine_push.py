@@ -41,6 +41,20 @@ async def engine(tiny_model: Path) -> AsyncIterator[VLLMEngine]:
     await started.close()
 
 
+class Recorder:
+    """A step handler keeping every step, and whether vLLM's output handler called it."""
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self._engine = engine
+        self.steps: list[EngineStep] = []
+        self.in_handler: list[bool] = []
+
+    def __call__(self, step: EngineStep) -> bool:
+        self.steps.append(step)
+        self.in_handler.append(asyncio.current_task() is self._engine._llm.output_handler)
+        return True
+
+
 def _held(engine: VLLMEngine) -> list[str]:
     """The requests vLLM's front end still holds (an aborted or finished one is gone)."""
     return list(engine._llm.output_processor.request_states)
@@ -49,15 +63,9 @@ def _held(engine: VLLMEngine) -> list[str]:
 async def test_steps_come_from_the_output_handler_and_match_pulling(engine: VLLMEngine) -> None:
     assert isinstance(engine, PushesSteps)
     pulled = [s async for s in engine.generate("pull", PROMPT, Sampling(max_tokens=24))]
-    steps: list[EngineStep] = []
-    in_handler: list[bool] = []
-
-    def on_step(step: EngineStep) -> bool:
-        steps.append(step)
-        in_handler.append(asyncio.current_task() is engine._llm.output_handler)
-        return True
-
+    on_step = Recorder(engine)
     await drive(engine, "push", PROMPT, Sampling(max_tokens=24), on_step)
+    steps, in_handler = on_step.steps, on_step.in_handler
     assert in_handler and all(in_handler)
     assert [t for s in steps for t in s.token_ids] == [t for s in pulled for t in s.token_ids]
     assert len([t for s in steps for t in s.token_ids]) == 24
@@ -130,20 +138,14 @@ async def test_a_vllm_whose_collectors_take_no_put_is_pulled(engine: VLLMEngine)
     """``_collectors_take_put`` found the installed vLLM's contract (the test above pushes);
     where a release lacks it, the engine pulls its steps, with the same tokens, rather than
     wait for calls that never come."""
-    steps: list[EngineStep] = []
-    in_handler: list[bool] = []
-
-    def on_step(step: EngineStep) -> bool:
-        steps.append(step)
-        in_handler.append(asyncio.current_task() is engine._llm.output_handler)
-        return True
-
+    on_step = Recorder(engine)
     pushed = await _answers(engine, 12)
     engine._pushes = False
     try:
         await drive(engine, "pulled", PROMPT, Sampling(max_tokens=12), on_step)
     finally:
         engine._pushes = True
+    steps, in_handler = on_step.steps, on_step.in_handler
     assert in_handler and not any(in_handler)
     assert [t for s in steps for t in s.token_ids] == pushed
     assert _held(engine) == []
