@@ -23,6 +23,7 @@ request line and headers come before any ASGI app runs: ``http_protocol.py`` bou
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 
 import anyio
 from starlette.responses import JSONResponse
@@ -72,13 +73,13 @@ class BodyReadTimeout:
                 await self._timed_out(whole)(scope, receive, send)
             return {"type": "http.disconnect"}
 
-        async def guarded_send(message: Message) -> None:
+        def guarded_send(message: Message) -> Awaitable[None]:  # (as request_metrics.py's)
             nonlocal response_started
             if answered:
-                return
+                return _dropped()
             if message["type"] == "http.response.start":
                 response_started = True
-            await send(message)
+            return send(message)
 
         try:
             await self.app(scope, timed_receive, guarded_send)
@@ -102,3 +103,7 @@ class BodyReadTimeout:
             )
         # the rest of the body may still come: the connection cannot carry another request
         return error_response(408, CODE, message, headers={"connection": "close"})
+
+
+async def _dropped() -> None:
+    """What the app sends after the 408 went out: nothing."""

@@ -24,6 +24,10 @@ class StopStrings:
         self._held: list[TextDelta] = []
         self.hit = False  # a stop sequence was generated: the answer is over
 
+    def __bool__(self) -> bool:
+        """Whether there is any stop sequence to look for."""
+        return bool(self._stops)
+
     def push(self, delta: TextDelta) -> TextDelta | None:
         """The text that can be shown now (cut before a stop sequence), if any."""
         if not self._stops:

@@ -143,7 +143,7 @@ class Coalescer:
     across more tokens than that still comes whole, in one event."""
 
     def __init__(self, ctx: StreamContext, rule: Coalesce, out: TokenOutput) -> None:
-        self._ctx = ctx
+        self._emit = ctx.emit  # (a job's context tags its tokens with their section there)
         self._rule = rule
         self._out = out
         self._pending: list[TextDelta] = []
@@ -153,7 +153,7 @@ class Coalescer:
 
     def add(self, delta: TextDelta) -> None:
         if self._alone:  # (nothing is ever pending: the common rule, made short)
-            self._ctx.emit(partial(_one_token, delta))
+            self._emit(partial(_one_token, delta))
             self._out.pieces.append(delta.text)
             return
         self._pending.append(delta)
@@ -171,7 +171,7 @@ class Coalescer:
         if not self._pending:
             return
         pending, self._pending, self._count = self._pending, [], 0
-        self._ctx.emit(partial(_token, pending))
+        self._emit(partial(_token, pending))
         self._out.pieces.extend(d.text for d in pending)
 
 
@@ -203,6 +203,12 @@ async def token_phase(
             return False
         return writer.stop_reason is None  # stopped (ctx.check below raises): no more
 
+    def on_delta_unstopped(delta: TextDelta) -> bool:  # (no stop strings: the common case)
+        events.add(delta)
+        return writer.stop_reason is None
+
+    if not stops:
+        on_delta = on_delta_unstopped
     try:
         await run_tokens(engine, ctx.run_id, prompt, sampling, run, on_delta, logged)
         ctx.check()

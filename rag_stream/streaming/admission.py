@@ -92,6 +92,10 @@ class Admission:
     async def _acquire(self, ticket: Ticket) -> bool:
         """Wait for a generation slot; whether it is one of the batch slots."""
         batch = ticket.priority == "batch"
+        if self.free_now(ticket.priority):  # (the common case, taken without a wait)
+            self._active += 1
+            self._active_batch += batch
+            return batch
         waiter = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiting, (_RANK[ticket.priority], next(self._order), waiter))
         self._hand_out()
@@ -105,6 +109,11 @@ class Admission:
                 heapq.heapify(self._waiting)
             raise
         return batch
+
+    def free_now(self, priority: Priority) -> bool:
+        """Whether a stream of ``priority`` would get a slot at once: one is free and no other
+        stream waits for one."""
+        return not self._waiting and self._fits(priority == "batch")
 
     def _fits(self, batch: bool) -> bool:
         if self._active >= self.max_active:
@@ -163,6 +172,11 @@ class Ticket:
             yield
         finally:
             self._release(held, batch)
+
+    @property
+    def slot_free(self) -> bool:
+        """Whether ``slot`` would hold a slot at once (until the next await)."""
+        return not self._released and self._admission.free_now(self.priority)
 
     def release(self) -> None:
         """Give the ticket back unused (the request failed before its stream started); once

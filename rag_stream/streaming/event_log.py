@@ -116,7 +116,8 @@ def _seconds(field: str | None) -> float | None:
 @dataclass(slots=True)  # (not frozen: one a stream a step, as AppendResult)
 class Append:
     """One stream's batch in an append: ``events`` follow event ``after`` (the last one its
-    writer knows is in the log). An empty batch renews the lease."""
+    writer knows is in the log), their ids following on from it. An empty batch renews the
+    lease."""
 
     stream_id: str
     owner: str

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
-from rag_stream.schemas.events import Event, is_terminal
+from rag_stream.schemas.events import TERMINAL_TYPES, Event
 from rag_stream.streaming.event_log import EventLog, now_ms
 
 logger = logging.getLogger(__name__)
@@ -63,8 +63,10 @@ class Feed:
         self.events.extend(fresh)
         if len(self.events) > self.window:
             del self.events[: len(self.events) - self.window]
-        self.last_id = fresh[-1].id
-        self.ended = self.ended or is_terminal(fresh[-1])
+        last = fresh[-1]
+        self.last_id = last.id
+        if last.type in TERMINAL_TYPES:
+            self.ended = True
         self.wake()
 
     def wake(self) -> None:
@@ -122,7 +124,8 @@ class Feeds:
         feed = self._feeds.get(sid)
         if feed is not None:
             feed.push(events)
-            self._drop_if_unused(feed)
+            if feed.readers <= 0:
+                self._drop_if_unused(feed)
 
     def stop_producing(self, sid: str) -> None:
         """The producer stopped without an end (lost lease, shutdown): tail it from Redis."""

@@ -52,7 +52,9 @@ class Flusher:
         self._writers: set[Flushable] = set()
         self._requested: dict[Flushable, None] = {}  # insertion-ordered set
         self._urgent = False
-        self._wake = asyncio.Event()
+        # what the loop waits on while nothing is requested (a future, not an asyncio.Event:
+        # every engine step sets it, and the Event's set and wait are Python, the future's C)
+        self._idle: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def add(self, writer: Flushable) -> None:
@@ -68,18 +70,25 @@ class Flusher:
         if writer in self._writers:
             self._requested[writer] = None
             self._urgent = self._urgent or urgent
-            self._wake.set()
+            idle, self._idle = self._idle, None
+            if idle is not None and not idle.done():
+                idle.set_result(None)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._writers or self._requested:
             if not self._requested:
+                # until a request, or the first lease due for renewal
                 renew_at = min(map(_RENEW_DUE, self._writers))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.0, renew_at - time.monotonic())):
-                        await self._wake.wait()
+                idle = self._idle = loop.create_future()
+                timer = loop.call_later(max(0.0, renew_at - time.monotonic()), _wake, idle)
+                try:
+                    await idle
+                finally:
+                    timer.cancel()
+                    self._idle = None
             if self._requested and not self._urgent and self._cfg.flush_interval_ms > 0:
                 await asyncio.sleep(self._cfg.flush_interval_ms / 1000)
-            self._wake.clear()
             self._urgent = False
             now = time.monotonic()
             due = list(self._requested)
@@ -124,3 +133,8 @@ class Flusher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+def _wake(idle: asyncio.Future[None]) -> None:
+    if not idle.done():
+        idle.set_result(None)

@@ -335,6 +335,9 @@ async def _wait_for_slot(
     """Hold the ticket's generation slot for the rest of ``stack``, unless the stream stops
     while it waits (a cancel): then it gives its place up and goes on without a slot, since all
     it does next is write its end (``_run`` runs no producer for a stopped stream)."""
+    if ticket.slot_free:  # nothing to wait for, so no stop to race: held before any await
+        await stack.enter_async_context(ticket.slot())
+        return
     stopped = asyncio.Event()
 
     async def note_stop() -> None:

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from redis.exceptions import RedisError
 
-from rag_stream.schemas.events import Event, TransientError, is_terminal
+from rag_stream.schemas.events import TERMINAL_TYPES, Event, TransientError
 from rag_stream.streaming.event_log import READ_PAGE, EventLog, StreamMeta
 from rag_stream.streaming.feeds import Feed, Feeds
 from rag_stream.streaming.takeover import Takeover
@@ -77,9 +77,15 @@ class Readers:
                 if events:
                     # a terminal event is the log's last: it ends any batch it is in
                     yield events
-                    if is_terminal(events[-1]):
+                    last = events[-1]
+                    if last.type in TERMINAL_TYPES:
                         return
-                    cursor = events[-1].id
+                    cursor = last.id
+                    if from_log or not feed.local or feed.last_id != cursor:
+                        continue
+                    # live, and nothing newer here yet (the common case: a token was just
+                    # sent): wait for the next batch now, rather than ask the feed first
+                    await feed.changed_since(feed.changes)
                     continue
                 if feed.local:
                     # this process produces it: its next batch, its end, or its giving up

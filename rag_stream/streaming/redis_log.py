@@ -28,6 +28,7 @@ tells a dead producer from a slow one without waiting for its lease to expire.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 
@@ -45,17 +46,18 @@ from rag_stream.streaming.event_log import (
     StreamMeta,
     now_ms,
 )
-from rag_stream.streaming.script_line import Call, LuaScript, ScriptLine, SharedLine
+from rag_stream.streaming.script_line import Arg, Call, LuaScript, ScriptLine, SharedLine
 
 # Streams per call of the append script: bounds how long one call holds Redis; a larger flush
 # is several calls, sent together in one write (script_line.py).
 MAX_STREAMS_PER_CALL = 128
 
 # Several streams' batches in one call. KEYS: (log, meta, lease) per stream. ARGV, per stream in
-# KEYS' order: owner, lease_ms, after (entry id the log must end with), last (entry id of the
-# batch's last event: a retry of a batch that landed), the number of events n, then n pairs of
-# entry id and event json. hiredis packs the arguments in C (script_line.py), so an argument
-# each costs less than one JSON document to build, escape and decode again. Returns
+# KEYS' order: owner, lease_ms, the id of the event the log must end with (``Append.after``),
+# the number of events n, then the n events' json: their ids follow on from it, so the script
+# makes their entry ids, and those of the log's expected end and of the batch's last event (a
+# retry of a batch that landed). hiredis packs the arguments in C (script_line.py), so an
+# argument each costs less than one JSON document to build, escape and decode again. Returns
 # (status, cancel, seen) per stream; status 1 written, 0 another owner holds the lease, -1 the
 # log does not end where the writer left it (lost), -2 the log refused the ids (another
 # writer's).
@@ -65,8 +67,10 @@ local out = {}
 local a = 1
 for s = 1, #KEYS / 3 do
   local log, meta, lease = KEYS[3 * s - 2], KEYS[3 * s - 1], KEYS[3 * s]
-  local owner, lease_ms, after, last = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local first, stop = a + 5, a + 4 + 2 * tonumber(ARGV[a + 4])
+  local owner, lease_ms = ARGV[a], ARGV[a + 1]
+  local base, n = tonumber(ARGV[a + 2]) + 1, tonumber(ARGV[a + 3])
+  local after, last = string.format('%d-0', base), string.format('%d-0', base + n)
+  local first, stop = a + 4, a + 3 + n
   a = stop + 1
   local status, cancel, seen = 1, 0, 0
   local holder = redis.call('GET', lease)
@@ -87,8 +91,9 @@ for s = 1, #KEYS / 3 do
       redis.call('SET', lease, owner, 'PX', lease_ms)
     end
     if top == after then
-      for i = first, stop, 2 do
-        local added = redis.pcall('XADD', log, ARGV[i], 'e', ARGV[i + 1])
+      for i = first, stop do
+        local entry = string.format('%d-0', base + 1 + i - first)
+        local added = redis.pcall('XADD', log, entry, 'e', ARGV[i])
         if type(added) == 'table' and added.err then
           status = -2
           break
@@ -203,6 +208,13 @@ return 0
 )
 
 
+@functools.lru_cache(maxsize=4096)  # (a running stream's: asked for at every engine step)
+def _stream_keys(prefix: str, sid: str) -> tuple[str, str, str]:
+    """Stream ``sid``'s log, meta and lease keys."""
+    base = f"{prefix}:s:{sid}"
+    return f"{base}:log", f"{base}:meta", f"{base}:lease"
+
+
 def entry_id(event_id: int) -> str:
     return f"{event_id + 1}-0"
 
@@ -239,8 +251,7 @@ class RedisEventLog:
         self._presence: Redis | None = None
 
     def _keys(self, sid: str) -> tuple[str, str, str]:
-        base = f"{self._p}:s:{sid}"
-        return f"{base}:log", f"{base}:meta", f"{base}:lease"
+        return _stream_keys(self._p, sid)
 
     @property
     def _active(self) -> str:
@@ -299,13 +310,13 @@ class RedisEventLog:
     def _append_call(self, batches: Sequence[Append]) -> Call:
         """One call of the append script: its keys and arguments (``_APPEND``)."""
         keys: list[str] = []
-        args: list[str] = []
+        args: list[Arg] = []
+        prefix = self._p
         for b in batches:
-            keys += self._keys(b.stream_id)
+            keys += _stream_keys(prefix, b.stream_id)
             events = b.events
-            last = events[-1].id if events else b.after
-            args += [b.owner, str(b.lease_ms), entry_id(b.after), entry_id(last), str(len(events))]
-            args += _entry_args(events)
+            args += [b.owner, b.lease_ms, b.after, len(events)]
+            args += [event.as_json for event in events]
         return _APPEND, keys, args
 
     async def read(

@@ -49,7 +49,8 @@ class LuaScript:
         return hashlib.sha1(self.source.encode()).hexdigest()
 
 
-Call = tuple[LuaScript, Sequence[str], Sequence[str]]  # a script, its KEYS and its ARGV
+Arg = str | int  # (hiredis packs an int as its decimal digits)
+Call = tuple[LuaScript, Sequence[str], Sequence[Arg]]  # a script, its KEYS and its ARGV
 
 
 class ScriptLine:
@@ -137,7 +138,7 @@ class SharedLine:
         self._queue: list[tuple[Call, asyncio.Future[Any]]] = []
         self._sender: asyncio.Task[None] | None = None
 
-    async def call(self, script: LuaScript, keys: Sequence[str], args: Sequence[str]) -> Any:
+    async def call(self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         """The script's reply; its error reply raises (RedisError), as does a Redis away."""
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append(((script, keys, args), reply))

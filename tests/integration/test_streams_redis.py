@@ -73,6 +73,10 @@ async def test_one_append_of_several_streams_lands_each_event_byte_for_byte(
         ]
         entries = await client.xrange(f"{redis_log._p}:s:{sids[0]}:log")
         assert [e[b"e"] for _id, e in entries[1:]] == [t.model_dump_json().encode() for t in tokens]
+        # event n is entry (n+1)-0 (the script numbers a batch's entries from its ``after``)
+        assert [entry for entry, _ in entries] == [
+            f"{i + 1}-0".encode() for i in range(len(entries))
+        ]
         assert [entry_id for entry_id, _ in entries] == [f"{i}-0".encode() for i in range(1, 8)]
         assert await redis_log.read(sids[0], 0, None) == tokens
         for sid in sids[1:]:
