@@ -56,7 +56,7 @@ from rag_stream.retrieval.embedder import Embedder, load_embedder
 from rag_stream.retrieval.retriever import Retriever
 from rag_stream.retrieval.stores import open_sparse_encoder, open_vector_store
 from rag_stream.settings import Settings, load_settings
-from rag_stream.store.db import create_db
+from rag_stream.store.db import create_db, sqlite_file_engine
 from rag_stream.store.keys import KeyRing
 from rag_stream.store.recorder import StreamRecorder
 from rag_stream.streaming.admission import Admission
@@ -201,7 +201,7 @@ def create_app(
             if settings.streaming.checkpoint
             else MemoryEventLog()
         )
-        records = StreamRecorder(sessions)
+        records = StreamRecorder(sessions, sqlite_file_engine(db_engine))
         stack.push_async_callback(records.close)  # after the streams, before the database
         deps = KindDeps(engines, sessions, records, retriever, metrics, settings)
         kinds = KindSet([registered.build(deps) for registered in KINDS])

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -85,6 +85,19 @@ def create_db(url: str) -> tuple[AsyncEngine, async_sessionmaker[AsyncSession]]:
     if url.startswith("sqlite"):
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     return engine, async_sessionmaker(engine, expire_on_commit=False)
+
+
+def sqlite_file_engine(engine: AsyncEngine) -> Engine | None:
+    """A synchronous engine on the SQLite file ``engine`` opens (None for any other database,
+    an in-memory one included), with the same pragmas: for a write that would otherwise cross
+    to aiosqlite's thread and back for every call it makes (a cursor, a statement, a commit,
+    the pool's reset), about 0.2 ms of CPU each on a machine of two cores."""
+    url = engine.url
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    sync = create_engine(url.set(drivername="sqlite"))
+    event.listen(sync, "connect", _sqlite_pragmas)
+    return sync
 
 
 async def ping(engine: AsyncEngine) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, func, select
+from sqlalchemy import Connection, Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -35,7 +35,16 @@ async def record_streams(session: AsyncSession, records: Sequence[FinishedStream
     stream over may finish it again after the first one recorded it and died before ending the
     log. One statement (an upsert), where an ORM merge would read each row first. (Streams of no
     conversation are recorded through ``recorder.StreamRecorder``, in batches.)"""
-    values = [
+    await session.execute(_upsert(session.get_bind().dialect.name), _rows(records))
+
+
+def insert_streams(conn: Connection, records: Sequence[FinishedStream]) -> None:
+    """``record_streams`` on a synchronous connection (``recorder.py``'s SQLite writes)."""
+    conn.execute(_upsert(conn.dialect.name), _rows(records))
+
+
+def _rows(records: Sequence[FinishedStream]) -> list[dict[str, Any]]:
+    return [
         {
             "id": r.stream_id,
             "tenant": r.tenant,
@@ -52,7 +61,6 @@ async def record_streams(session: AsyncSession, records: Sequence[FinishedStream
         }
         for r in records
     ]
-    await session.execute(_upsert(session.get_bind().dialect.name), values)
 
 
 @functools.cache

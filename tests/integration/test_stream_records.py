@@ -6,34 +6,50 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import Engine, event, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from rag_stream.store.db import create_db
+from rag_stream.store.db import create_db, sqlite_file_engine
 from rag_stream.store.models import StreamRecord
 from rag_stream.store.recorder import StreamRecorder
 from rag_stream.store.streams import FinishedStream
 from tests.support.kb_stack import db_url  # noqa: F401
 
 
+@dataclass
+class Db:
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    sqlite_file: Engine | None  # what the app writes records with on SQLite (db.py)
+
+    def recorder(self) -> StreamRecorder:
+        return StreamRecorder(self.sessions, self.sqlite_file)  # as create_app makes it
+
+    def commits(self) -> list[int]:
+        """A list that grows by one at every commit of the recorder's (on SQLite, of its
+        synchronous engine: none there would mean the records went another way)."""
+        seen: list[int] = []
+        writes = self.sqlite_file or self.engine.sync_engine
+        event.listen(writes, "commit", lambda _conn: seen.append(1))
+        return seen
+
+
 @pytest.fixture
-async def db(db_url: str) -> AsyncIterator[tuple[AsyncEngine, async_sessionmaker[AsyncSession]]]:  # noqa: F811
+async def db(db_url: str) -> AsyncIterator[Db]:  # noqa: F811
     engine, sessions = create_db(db_url)
+    sqlite_file = sqlite_file_engine(engine)
+    assert (sqlite_file is not None) == db_url.startswith("sqlite")
     try:
-        yield engine, sessions
+        yield Db(engine, sessions, sqlite_file)
     finally:
+        if sqlite_file is not None:
+            sqlite_file.dispose()
         await engine.dispose()
-
-
-def _commits(engine: AsyncEngine) -> list[int]:
-    """A list that grows by one at every commit on ``engine``."""
-    seen: list[int] = []
-    event.listen(engine.sync_engine, "commit", lambda _conn: seen.append(1))
-    return seen
 
 
 def _record(n: int, **changes: Any) -> FinishedStream:
@@ -55,12 +71,10 @@ async def _rows(sessions: async_sessionmaker[AsyncSession]) -> dict[str, StreamR
     return {r.id: r for r in found}
 
 
-async def test_streams_that_end_together_are_one_transaction(
-    db: tuple[AsyncEngine, async_sessionmaker[AsyncSession]],
-) -> None:
-    engine, sessions = db
-    recorder = StreamRecorder(sessions)
-    commits = _commits(engine)
+async def test_streams_that_end_together_are_one_transaction(db: Db) -> None:
+    sessions = db.sessions
+    recorder = db.recorder()
+    commits = db.commits()
     await asyncio.gather(*(recorder.save(_record(n)) for n in range(40)))
     # every caller returned after its record was committed: all 40 are there, in one commit
     rows = await _rows(sessions)
@@ -82,11 +96,9 @@ async def test_streams_that_end_together_are_one_transaction(
     await recorder.close()
 
 
-async def test_a_record_that_cannot_be_written_fails_its_stream_only(
-    db: tuple[AsyncEngine, async_sessionmaker[AsyncSession]],
-) -> None:
-    _, sessions = db
-    recorder = StreamRecorder(sessions)
+async def test_a_record_that_cannot_be_written_fails_its_stream_only(db: Db) -> None:
+    sessions = db.sessions
+    recorder = db.recorder()
     bad = _record(1, usage={"prompt_tokens": 1, "note": object()})  # not JSON
     results = await asyncio.gather(
         recorder.save(_record(0)),
@@ -99,11 +111,9 @@ async def test_a_record_that_cannot_be_written_fails_its_stream_only(
     assert sorted(await _rows(sessions)) == ["s0", "s2"]
 
 
-async def test_a_caller_that_leaves_still_has_its_record_written(
-    db: tuple[AsyncEngine, async_sessionmaker[AsyncSession]],
-) -> None:
-    _, sessions = db
-    recorder = StreamRecorder(sessions)
+async def test_a_caller_that_leaves_still_has_its_record_written(db: Db) -> None:
+    sessions = db.sessions
+    recorder = db.recorder()
     saving = asyncio.ensure_future(recorder.save(_record(5)))
     await asyncio.sleep(0)  # handed over: the writer task has it
     saving.cancel()  # the stream's task is cancelled (shutdown)
@@ -113,12 +123,9 @@ async def test_a_caller_that_leaves_still_has_its_record_written(
     assert list(await _rows(sessions)) == ["s5"]
 
 
-async def test_records_waiting_when_the_writer_is_cancelled_are_not_left_hanging(
-    db: tuple[AsyncEngine, async_sessionmaker[AsyncSession]],
-) -> None:
+async def test_records_waiting_when_the_writer_is_cancelled_are_not_left_hanging(db: Db) -> None:
     """The loop going away cancels the writer mid-commit: its callers must not wait for ever."""
-    _, sessions = db
-    recorder = StreamRecorder(sessions)
+    recorder = db.recorder()
     writing = asyncio.Event()
 
     async def stuck(records: list[FinishedStream]) -> None:
