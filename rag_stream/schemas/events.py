@@ -79,8 +79,8 @@ class Token(_Event):
     text: str
     token_ids: list[int]
     # a job's section (0-based); absent on other streams, whose token events stay exactly as
-    # they were (a test of the field alone, where a serializer of the model's own made a dict
-    # of every token event first: a µs a token)
+    # they were. Left out by a test of the field's value: a serializer of the model's own, as
+    # before, turns every token event into a dict first (about a µs a token)
     section: int | None = Field(default=None, exclude_if=_absent)
 
 

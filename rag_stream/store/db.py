@@ -93,7 +93,10 @@ def sqlite_file_engine(engine: AsyncEngine) -> Engine | None:
     to aiosqlite's thread and back for every call it makes (a cursor, a statement, a commit,
     the pool's reset), about 0.2 ms of CPU each on a machine of two cores."""
     url = engine.url
-    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+    database = url.database or ""
+    if url.get_backend_name() != "sqlite" or not database or ":memory:" in database:
+        return None
+    if url.query.get("mode") == "memory":  # (a URI filename naming a shared in-memory one)
         return None
     sync = create_engine(url.set(drivername="sqlite"))
     event.listen(sync, "connect", _sqlite_pragmas)
