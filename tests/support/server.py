@@ -16,10 +16,39 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Ports for the servers the tests start come from below the kernel's ephemeral range
+# (net.ipv4.ip_local_port_range, 32768-60999 by default). A port from bind(0) is an ephemeral
+# one, and a server takes seconds to bind it (a vLLM start, 30-60 s): meanwhile any outgoing
+# connection (to Redis, PostgreSQL, another server) could be given the same port, and the server
+# exits with "address already in use". Below the range only an explicit bind takes a port, so
+# each pytest-xdist worker draws from a block of its own, in turn, skipping what is bound.
+_PORT_BLOCK = 4000
+_PORT_BASE = 16000
+
+
+def _port_block() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) if worker.isdigit() else 0
+    start = _PORT_BASE + (index % 4) * _PORT_BLOCK
+    return range(start, start + _PORT_BLOCK)
+
+
+_ports = _port_block()
+_next_port = [os.getpid() % _PORT_BLOCK]  # scripts beside a test run start elsewhere in the block
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port no socket is bound to, which no outgoing connection can be given meanwhile."""
+    for _ in range(_PORT_BLOCK):
+        port = _ports[_next_port[0] % _PORT_BLOCK]
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {_ports.start}-{_ports.stop - 1}")
 
 
 def child_pid(parent: int, title: str) -> int:
