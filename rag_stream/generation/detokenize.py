@@ -48,10 +48,10 @@ class Detokenizer:
         self._held: list[int] = []  # ids whose text is not complete yet
         self._context: deque[int] = deque(generated[-_CONTEXT_IDS:], maxlen=_CONTEXT_IDS)
 
-    def push(self, token_ids: Sequence[int]) -> TextDelta | None:
-        """Add ids; return the newly complete text with the ids it came from, if any."""
-        self._held.extend(token_ids)
-        text = self._stream.step(self._backend, list(token_ids))
+    def push(self, token_id: int) -> TextDelta | None:
+        """Add an id; return the newly complete text with the ids it came from, if any."""
+        self._held.append(token_id)
+        text = self._stream.step(self._backend, token_id)
         return None if text is None else self._release(text)
 
     def finish(self) -> TextDelta | None:

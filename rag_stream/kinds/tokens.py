@@ -87,7 +87,7 @@ async def run_tokens(
         # stream's coalescing rule says, not whatever the engine's pace happened to be.
         for token_id in step.token_ids:
             if token_id not in stop_ids:
-                delta = detok.push((token_id,))
+                delta = detok.push(token_id)
                 if delta is not None and not on_delta(delta):
                     cut = True
                     return False

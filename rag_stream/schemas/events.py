@@ -8,8 +8,7 @@ the log stores.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import cached_property
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self, overload
 
 from pydantic import (
     BaseModel,
@@ -22,6 +21,25 @@ from pydantic import (
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
+class _JsonOnce:
+    """``_Event.as_json``: the event serialized at its first read, then kept in the instance's
+    dict, where later reads find it without calling this. ``functools.cached_property`` does
+    the same, but on Python 3.11 takes a lock at each first read (a µs, for every token);
+    events are made and read on the event loop's thread."""
+
+    @overload
+    def __get__(self, event: None, owner: type | None = None) -> Self: ...
+    @overload
+    def __get__(self, event: _Event, owner: type | None = None) -> str: ...
+    def __get__(self, event: _Event | None, owner: type | None = None) -> str | Self:
+        if event is None:
+            return self
+        # ``model_dump_json()`` itself, less its Python layer of options left at their defaults
+        text: str = event.__pydantic_serializer__.to_json(event).decode()
+        event.__dict__["as_json"] = text
+        return text
+
+
 class _Event(BaseModel):
     """Frozen: an event's JSON is made once (``as_json``) and then sent and logged as is."""
 
@@ -29,12 +47,9 @@ class _Event(BaseModel):
 
     id: int = Field(ge=0)
 
-    @cached_property
-    def as_json(self) -> str:
-        """The event as JSON: the log's entry and the SSE frame's data, serialized once for both
-        (a token's event is otherwise serialized twice, a few µs each, for every token).
-        ``model_dump_json()`` itself, less its Python layer of options left at their defaults."""
-        return self.__pydantic_serializer__.to_json(self).decode()
+    # The event as JSON: the log's entry and the SSE frame's data, serialized once for both (a
+    # token's event is otherwise serialized twice, a few µs each, for every token).
+    as_json: ClassVar[_JsonOnce] = _JsonOnce()
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         # pydantic copies the instance dict, where a cached ``as_json`` lives: a copy with other

@@ -77,6 +77,15 @@ class Feed:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def next_change(self) -> asyncio.Future[None]:
+        """A future done at the feed's next change: what a reader of a stream this process
+        produces awaits for every batch (a future, where ``changed_since``'s coroutine would be
+        one more frame made and resumed a token). A reader that leaves meanwhile cancels it;
+        the next wake drops it."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        return waiter
+
     async def changed_since(self, changes: int) -> None:
         """Return once the feed changed after a reader noted ``changes`` (at once if it has)."""
         if self.changes != changes:

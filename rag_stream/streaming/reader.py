@@ -85,12 +85,13 @@ class Readers:
                         continue
                     # live, and nothing newer here yet (the common case: a token was just
                     # sent): wait for the next batch now, rather than ask the feed first
-                    await feed.changed_since(feed.changes)
+                    await feed.next_change()
                     continue
                 if feed.local:
                     # this process produces it: its next batch, its end, or its giving up
                     # (``Feeds.stop_producing``) all wake the feed; no timer needed
-                    await feed.changed_since(changes)
+                    if feed.changes == changes:
+                        await feed.next_change()
                     continue
                 # (asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation)
                 with contextlib.suppress(TimeoutError):

@@ -83,11 +83,12 @@ class _Response(EventSourceResponse):
         self._response_started = True
         render = self._render
         items = self.body_iterator
+        task = asyncio.current_task()  # (once: a Python function on 3.11, not free a chunk)
         async for item in items:
             try:
                 chunk = item if render is None else render(item)
                 message = {"type": "http.response.body", "body": chunk, "more_body": True}
-                await self._send_with_timeout(send, message)
+                await self._send_with_timeout(send, message, task)
             except BaseException:
                 await self._close(items)  # its cleanup (the reader's feed) before the error
                 raise
@@ -114,9 +115,12 @@ class _Response(EventSourceResponse):
         if scope.cancel_called:
             logger.warning("closing a response's items took over %s s", self._cleanup_timeout)
 
-    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+    async def _send_with_timeout(
+        self, send: Send, message: Message, task: asyncio.Task[object] | None = None
+    ) -> None:
+        """A send from ``task`` (this one when not given: a keep-alive's), under the limit."""
         limit = self.send_timeout
-        task = asyncio.current_task()
+        task = task or asyncio.current_task()
         if limit is None or task is None:
             await super()._send_with_timeout(send, message)
             return

@@ -24,7 +24,7 @@ def test_seeded_detokenizer_continues_exactly_at_every_cut(tokenizer: Any) -> No
         emitted: list[int] = []
         text = ""
         for token in ids[:cut]:
-            delta = first.push([token])
+            delta = first.push(token)
             if delta is not None:
                 emitted.extend(delta.token_ids)
                 text += delta.text
@@ -38,7 +38,7 @@ def test_delta_reports_token_positions(tokenizer: Any) -> None:
     detok = Detokenizer(tokenizer)
     positions = []
     for token in ids:
-        delta = detok.push([token])
+        delta = detok.push(token)
         if delta is not None:
             positions.append((delta.index, len(delta.token_ids)))
     assert positions == [(i, 1) for i in range(len(ids))]

@@ -16,7 +16,7 @@ def _stream(tokenizer: Any, ids: list[int], seed: list[int] | None = None) -> li
     detok = Detokenizer(tokenizer, seed or [])
     deltas = []
     for token in ids:
-        delta = detok.push([token])
+        delta = detok.push(token)
         if delta is not None:
             deltas.append(delta)
     tail = detok.finish()
@@ -40,7 +40,7 @@ def test_seeded_detokenizer_continues_exactly_at_every_cut() -> None:
         emitted: list[int] = []
         text = ""
         for token in ids[:cut]:
-            delta = first.push([token])
+            delta = first.push(token)
             if delta is not None:
                 emitted.extend(delta.token_ids)
                 text += delta.text
