@@ -90,8 +90,7 @@ class Feed:
         """Return once the feed changed after a reader noted ``changes`` (at once if it has)."""
         if self.changes != changes:
             return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
+        waiter = self.next_change()
         try:
             await waiter
         finally:

@@ -71,8 +71,8 @@ class Flusher:
             self._requested[writer] = None
             self._urgent = self._urgent or urgent
             idle, self._idle = self._idle, None
-            if idle is not None and not idle.done():
-                idle.set_result(None)
+            if idle is not None:
+                _wake(idle)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
